@@ -1,0 +1,78 @@
+#include "compressors/codec.h"
+
+#include <cstring>
+
+#include "common/error.h"
+#include "compressors/wire_format.h"
+
+namespace gz {
+
+Codec::~Codec() = default;
+
+std::size_t Codec::workspace_bytes(std::size_t, Device) const { return 0; }
+
+bool Codec::expected_param(std::size_t, std::uint32_t* param) const {
+  *param = 0;
+  return true;
+}
+
+void* Codec::scratch(const ExecContext& ctx, std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (ctx.workspace) {
+    if (ctx.workspace_bytes < bytes)
+      GZ_THROW(InvalidArgument, spec(), ": workspace of ", ctx.workspace_bytes, " bytes is too small, need ", bytes);
+    return ctx.workspace;
+  }
+  if (ctx.device != Device::Cpu)
+    GZ_THROW(InvalidArgument, spec(), ": CUDA calls need a workspace of ", bytes, " bytes in ExecContext");
+  if (host_scratch_.size() < bytes) host_scratch_.resize(bytes);
+  return host_scratch_.data();
+}
+
+std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std::byte* payload,
+                          std::size_t capacity, const ExecContext& ctx) {
+  const std::size_t need = max_payload_bytes(n);
+  GZ_ENFORCE(n <= wire::kMaxCount, spec(), ": ", n, " elements is over the format's limit");
+  GZ_ENFORCE(payload != nullptr, spec(), ": payload buffer is null");
+  GZ_ENFORCE(reinterpret_cast<std::uintptr_t>(payload) % 4 == 0, spec(), ": payload buffer must be 4-byte aligned");
+  GZ_ENFORCE(capacity >= need, spec(), ": payload buffer of ", capacity, " bytes is too small for ", n,
+             " elements (need ", need, ")");
+  GZ_ENFORCE(n == 0 || grad != nullptr, spec(), ": gradient pointer is null");
+  if (error_feedback())
+    GZ_ENFORCE(n == 0 || residual != nullptr, spec(), ": error feedback is on, so a residual buffer is required");
+  else
+    residual = nullptr;
+  if (ctx.device == Device::Cuda) return encode_cuda(grad, residual, n, payload, ctx);
+
+  const EncodedBody body = encode_cpu(grad, residual, n, payload + wire::kHeaderBytes, ctx);
+  wire::Header h;
+  h.codec = id();
+  h.param = body.param;
+  h.count = n;
+  h.body_bytes = body.body_bytes;
+  wire::write_header(h, payload);
+  return wire::kHeaderBytes + body.body_bytes;
+}
+
+void Codec::decode_accumulate(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
+                              const ExecContext& ctx) {
+  GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
+  if (ctx.device == Device::Cuda) return decode_cuda(payload, bytes, out, n, ctx);
+  if (reinterpret_cast<std::uintptr_t>(payload) % 4 != 0)
+    GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
+  const wire::Header h = wire::read_header(payload, bytes);
+  std::uint32_t param = 0;
+  const bool fixed = expected_param(n, &param);
+  wire::expect(h, id(), n, fixed ? &param : nullptr);
+  decode_cpu(PayloadView{h.param, h.count, payload + wire::kHeaderBytes, h.body_bytes}, out, ctx);
+}
+
+std::size_t Codec::encode_cuda(const float*, float*, std::size_t, std::byte*, const ExecContext&) {
+  GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
+}
+
+void Codec::decode_cuda(const std::byte*, std::size_t, float*, std::size_t, const ExecContext&) {
+  GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
+}
+
+}  // namespace gz

@@ -1,0 +1,121 @@
+// The Codec interface: compress a float gradient with error feedback into a
+// self-describing payload (compressors/wire_format.h), and add a payload's
+// decoded values into an output buffer.
+//
+// Usage (host buffers):
+//
+//   auto codec = gz::make_codec("topk:density=0.01");
+//   std::vector<float> residual(n);                 // error feedback, starts at 0
+//   std::vector<std::byte> payload(codec->max_payload_bytes(n));
+//   std::size_t bytes = codec->encode(grad, residual.data(), n, payload.data(), payload.size());
+//   codec->decode_accumulate(payload.data(), bytes, out, n);   // out += decoded
+//
+// Constraints:
+//   - encode: v = grad + residual; payload = Q(v); residual = v - D(payload).
+//     residual may be nullptr only when error feedback is off (spec "ef=off").
+//   - decode_accumulate validates the whole payload before touching `out`; a
+//     malformed payload throws PayloadError and leaves `out` unchanged.
+//   - Payload buffers must be 4-byte aligned.
+//   - Deterministic: the same input gives the same payload bits, on the CPU
+//     and on the GPU.
+//   - Scratch memory: pass a workspace of workspace_bytes(n, device) bytes in
+//     ExecContext to keep the call allocation-free; without one the codec
+//     keeps its own, grown on first use and reused (so a Codec object is not
+//     thread-safe).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/stream.h"
+#include "compressors/spec.h"
+
+namespace gz {
+
+/// Where and how a codec call runs.
+struct ExecContext {
+  Device device = Device::Cpu;
+  Stream stream = nullptr;          ///< CUDA stream (Device::Cuda only)
+  void* workspace = nullptr;        ///< optional scratch; see Codec::workspace_bytes
+  std::size_t workspace_bytes = 0;
+};
+
+/// A payload whose header has been read and validated (host memory).
+struct PayloadView {
+  std::uint32_t param;
+  std::uint64_t count;
+  const std::byte* body;
+  std::uint64_t body_bytes;
+};
+
+/// What a codec's encode wrote after the header.
+struct EncodedBody {
+  std::uint32_t param;      ///< the header's param field
+  std::uint64_t body_bytes;
+};
+
+class Codec {
+ public:
+  explicit Codec(CodecConfig config) : config_(config) {}
+  virtual ~Codec();
+  Codec(const Codec&) = delete;
+  Codec& operator=(const Codec&) = delete;
+
+  const CodecConfig& config() const { return config_; }
+  CodecId id() const { return config_.id; }
+  /// The canonical spec string.
+  std::string spec() const { return config_.canonical(); }
+  bool error_feedback() const { return config_.ef; }
+
+  /// Payload bytes (header included) for n elements. Exact for every codec but
+  /// topk with select=sample, for which it is the upper bound.
+  virtual std::size_t max_payload_bytes(std::size_t n) const = 0;
+  /// Scratch bytes an encode or decode of n elements needs on `device`.
+  virtual std::size_t workspace_bytes(std::size_t n, Device device) const;
+
+  /// Encodes grad (n floats) into payload, fused with error feedback.
+  /// @param[in] grad        gradient, n floats
+  /// @param[in,out] residual error-feedback state, n floats (nullptr iff EF is off)
+  /// @param[out] payload    at least max_payload_bytes(n) bytes
+  /// @return bytes written
+  std::size_t encode(const float* grad, float* residual, std::size_t n, std::byte* payload, std::size_t capacity,
+                     const ExecContext& ctx = {});
+
+  /// out[0..n) += decoded payload. Validates first; throws PayloadError.
+  void decode_accumulate(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
+                         const ExecContext& ctx = {});
+
+ protected:
+  /// Codec-specific parts. The public calls have already checked pointers,
+  /// capacity and EF (encode), or read and checked the header (decode).
+  virtual EncodedBody encode_cpu(const float* grad, float* residual, std::size_t n, std::byte* body,
+                                 const ExecContext& ctx) = 0;
+  virtual void decode_cpu(const PayloadView& p, float* out, const ExecContext& ctx) = 0;
+  /// CUDA parts: payload, grad, residual and out are device pointers, work is
+  /// queued on ctx.stream. The defaults throw (a build without CUDA).
+  virtual std::size_t encode_cuda(const float* grad, float* residual, std::size_t n, std::byte* payload,
+                                  const ExecContext& ctx);
+  virtual void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
+                           const ExecContext& ctx);
+  /// The header param a payload of n elements must carry (onebit block, exact
+  /// topk K); false when it may vary (sampled topk), so only the format's own
+  /// checks apply.
+  virtual bool expected_param(std::size_t n, std::uint32_t* param) const;
+
+  /// Returns a workspace of at least `bytes` (the caller's, or the codec's own).
+  void* scratch(const ExecContext& ctx, std::size_t bytes);
+
+ private:
+  CodecConfig config_;
+  std::vector<std::byte> host_scratch_;
+};
+
+/// Builds the codec a spec string names. Throws InvalidArgument.
+std::unique_ptr<Codec> make_codec(std::string_view spec);
+std::unique_ptr<Codec> make_codec(const CodecConfig& config);
+
+}  // namespace gz

@@ -1,0 +1,39 @@
+// onebit: sign bits plus two reconstruction values per block (kernels/onebit.h).
+#include "compressors/codecs.h"
+#include "compressors/wire_format.h"
+#include "kernels/cpu.h"
+
+namespace gz::codecs {
+namespace {
+
+class OnebitCodec final : public Codec {
+ public:
+  using Codec::Codec;
+  std::size_t max_payload_bytes(std::size_t n) const override {
+    return wire::kHeaderBytes + wire::body_bytes(CodecId::OneBit, config().block, n);
+  }
+
+ protected:
+  bool expected_param(std::size_t, std::uint32_t* param) const override {
+    *param = config().block;
+    return true;
+  }
+  EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
+    const std::uint32_t block = config().block;
+    auto* scales = reinterpret_cast<kernels::OnebitScales*>(body);
+    auto* bits = reinterpret_cast<std::uint32_t*>(body + 8 * kernels::onebit_blocks(n, block));
+    kernels::cpu::onebit_encode(g, r, n, block, scales, bits);
+    return {block, wire::body_bytes(CodecId::OneBit, block, n)};
+  }
+  void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
+    const auto* scales = reinterpret_cast<const kernels::OnebitScales*>(p.body);
+    const auto* bits = reinterpret_cast<const std::uint32_t*>(p.body + 8 * kernels::onebit_blocks(p.count, p.param));
+    kernels::cpu::onebit_decode_accumulate(scales, bits, p.count, p.param, out);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_onebit(const CodecConfig& cfg) { return std::make_unique<OnebitCodec>(cfg); }
+
+}  // namespace gz::codecs

@@ -1,0 +1,211 @@
+// CPU top-k by magnitude: radix select over the bits of |v| (kernels/topk.h).
+//
+// Words used below:
+//   - key: the 31-bit magnitude key of an element (topk_key).
+//   - sample: kSample elements at fixed, evenly spaced positions. Their keys
+//     give a lower bound L that, with high probability, at least k and not
+//     many more than k keys reach.
+//   - candidates: indices (increasing) of the elements whose key >= L, found in
+//     one streaming pass that also applies error feedback (r = g + r).
+// The exact answer is then a radix select over the candidates only. When the
+// bound misses (fewer than k candidates, or more than fit), the select runs
+// over the whole array instead: the result never depends on the sample, only
+// the speed does.
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+
+#include "common/workspace.h"
+#include "kernels/cpu.h"
+#include "kernels/error_feedback.h"
+
+namespace gz::kernels::cpu {
+namespace {
+
+constexpr std::size_t kSample = 16384;
+constexpr std::size_t kDirectBelow = 4 * kSample;  // small inputs: select over everything
+
+std::size_t candidate_capacity(std::size_t n, std::size_t k) { return std::min(n, 2 * k + n / 64 + 4096); }
+
+struct Workspace {
+  std::uint32_t* candidates;
+  std::size_t capacity;
+  std::uint32_t* sample;
+};
+
+// Same sequence of carves for sizing and for use.
+std::size_t carve(void* ws, std::size_t ws_bytes, std::size_t n, std::size_t k, Workspace* out) {
+  WorkspaceCarver c(ws, ws_bytes);
+  const std::size_t cap = candidate_capacity(n, k);
+  std::uint32_t* cand = c.add<std::uint32_t>(cap);
+  std::uint32_t* sample = c.add<std::uint32_t>(kSample);
+  c.check();
+  if (out) *out = {cand, cap, sample};
+  return c.bytes();
+}
+
+// Threshold and tie count of the k largest keys among key_at(0..count), 1 <= k <= count.
+template <class KeyAt>
+TopkThreshold radix_threshold(KeyAt key_at, std::size_t count, std::size_t k) {
+  std::uint32_t prefix = 0, prefix_mask = 0;
+  std::uint64_t remaining = k;
+  std::array<std::uint32_t, 1u << 11> hist;
+  for (int d = 0; d < kTopkDigits; ++d) {
+    const std::uint32_t bins = 1u << kTopkDigitBits[d];
+    std::fill_n(hist.begin(), bins, 0u);
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::uint32_t key = key_at(j);
+      if ((key & prefix_mask) == prefix) ++hist[topk_digit(key, d)];
+    }
+    std::uint64_t above = 0;
+    std::uint32_t b = bins - 1;
+    for (; b > 0; --b) {
+      if (above + hist[b] >= remaining) break;
+      above += hist[b];
+    }
+    remaining -= above;
+    prefix |= b << kTopkDigitShift[d];
+    prefix_mask |= (bins - 1) << kTopkDigitShift[d];
+  }
+  return {prefix, remaining};
+}
+
+// Writes, in index_at order, every element above the threshold plus the first
+// t.ties equal to it; zeroes their residual. Returns the count written.
+template <bool kEf, class IndexAt>
+std::size_t emit(IndexAt index_at, std::size_t count, const float* v, float* r, TopkThreshold t,
+                 std::uint32_t* idx, float* val) {
+  std::size_t out = 0;
+  std::uint64_t ties = t.ties;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::size_t i = index_at(j);
+    const std::uint32_t key = topk_key(v[i]);
+    if (key < t.threshold || (key == t.threshold && ties == 0)) continue;
+    if (key == t.threshold) --ties;
+    idx[out] = static_cast<std::uint32_t>(i);
+    val[out] = v[i];
+    if constexpr (kEf) r[i] = ef_residual(v[i], v[i]);
+    ++out;
+  }
+  return out;
+}
+
+// One pass: applies EF (r = g + r) and lists the indices with key >= bound.
+// Returns how many there are; only the first `cap` are stored.
+template <bool kEf>
+std::size_t find_candidates(const float* g, float* r, std::size_t n, std::uint32_t bound, std::uint32_t* cand,
+                            std::size_t cap) {
+  std::size_t c = 0;
+  auto push = [&](std::uint32_t mask, std::size_t base) {
+    while (mask) {
+      if (c < cap) cand[c] = static_cast<std::uint32_t>(base + std::countr_zero(mask));
+      ++c;
+      mask &= mask - 1;
+    }
+  };
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    std::uint32_t mask = 0;
+    for (int b = 0; b < 32; ++b) {
+      const float v = kEf ? g[i + b] + r[i + b] : g[i + b];
+      if constexpr (kEf) r[i + b] = v;
+      mask |= static_cast<std::uint32_t>(topk_key(v) >= bound) << b;
+    }
+    push(mask, i);
+  }
+  std::uint32_t mask = 0;
+  for (int b = 0; i + b < n; ++b) {
+    const float v = kEf ? g[i + b] + r[i + b] : g[i + b];
+    if constexpr (kEf) r[i + b] = v;
+    mask |= static_cast<std::uint32_t>(topk_key(v) >= bound) << b;
+  }
+  push(mask, i);
+  return c;
+}
+
+// The key that about `rank` of the kSample sampled keys reach.
+template <bool kEf>
+std::uint32_t sample_bound(const float* g, const float* r, std::size_t n, std::size_t rank, std::uint32_t* sample) {
+  for (std::size_t j = 0; j < kSample; ++j) {
+    const std::size_t i = j * n / kSample;
+    sample[j] = topk_key(kEf ? g[i] + r[i] : g[i]);
+  }
+  return radix_threshold([&](std::size_t j) { return sample[j]; }, kSample, rank).threshold;
+}
+
+template <bool kEf>
+std::size_t select_all(const float* g, float* r, std::size_t n, std::uint32_t* idx, float* val) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = kEf ? g[i] + r[i] : g[i];
+    idx[i] = static_cast<std::uint32_t>(i);
+    val[i] = v;
+    if constexpr (kEf) r[i] = ef_residual(v, v);
+  }
+  return n;
+}
+
+// Exact selection over the whole array; with EF, r already holds v.
+template <bool kEf>
+std::size_t select_direct(const float* v, float* r, std::size_t n, std::size_t k, std::uint32_t* idx, float* val) {
+  const TopkThreshold t = radix_threshold([&](std::size_t i) { return topk_key(v[i]); }, n, k);
+  return emit<kEf>([](std::size_t i) { return i; }, n, v, r, t, idx, val);
+}
+
+template <bool kEf>
+std::size_t encode(const Workspace& ws, const float* g, float* r, std::size_t n, std::size_t k, bool sampled,
+                   std::uint32_t* idx, float* val) {
+  if (k >= n) return select_all<kEf>(g, r, n, idx, val);
+  const float* v = kEf ? r : g;  // where v lives once EF has been applied
+  if (k == 0 || n < kDirectBelow) {
+    if constexpr (kEf)
+      for (std::size_t i = 0; i < n; ++i) r[i] += g[i];
+    return k == 0 ? 0 : select_direct<kEf>(v, r, n, k, idx, val);
+  }
+  // Expected sample hits above the true threshold, plus a margin (4 sigma) for exact mode.
+  const double hits = static_cast<double>(k) * kSample / static_cast<double>(n);
+  const double rank = sampled ? std::max(1.0, std::round(hits)) : std::ceil(hits + 4.0 * std::sqrt(hits) + 16.0);
+  if (rank >= static_cast<double>(kSample)) {
+    if constexpr (kEf)
+      for (std::size_t i = 0; i < n; ++i) r[i] += g[i];
+    return select_direct<kEf>(v, r, n, k, idx, val);
+  }
+  const std::uint32_t bound = sample_bound<kEf>(g, r, n, static_cast<std::size_t>(rank), ws.sample);
+  const std::size_t c = find_candidates<kEf>(g, r, n, bound, ws.candidates, ws.capacity);
+  auto cand_at = [&](std::size_t j) { return static_cast<std::size_t>(ws.candidates[j]); };
+  if (sampled && c >= topk_sampled_min(k) && c <= topk_sampled_max(k) && c <= ws.capacity)
+    return emit<kEf>(cand_at, c, v, r, TopkThreshold{0, ~std::uint64_t{0}}, idx, val);  // all of them
+  if (c < k || c > ws.capacity) return select_direct<kEf>(v, r, n, k, idx, val);
+  const TopkThreshold t = radix_threshold([&](std::size_t j) { return topk_key(v[ws.candidates[j]]); }, c, k);
+  return emit<kEf>(cand_at, c, v, r, t, idx, val);
+}
+
+std::size_t encode_entry(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n, std::size_t k,
+                         bool sampled, std::uint32_t* idx, float* val) {
+  if (!ws) {
+    ws_bytes = carve(nullptr, 0, n, k, nullptr);
+    return 0;
+  }
+  Workspace w;
+  carve(ws, ws_bytes, n, k, &w);
+  k = std::min(k, n);
+  return r ? encode<true>(w, g, r, n, k, sampled, idx, val) : encode<false>(w, g, r, n, k, sampled, idx, val);
+}
+
+}  // namespace
+
+std::size_t topk_encode(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n, std::size_t k,
+                        std::uint32_t* idx, float* val) {
+  return encode_entry(ws, ws_bytes, g, r, n, k, false, idx, val);
+}
+
+std::size_t topk_encode_sampled(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n,
+                                std::size_t k, std::uint32_t* idx, float* val) {
+  return encode_entry(ws, ws_bytes, g, r, n, k, true, idx, val);
+}
+
+void topk_decode_accumulate(const std::uint32_t* idx, const float* val, std::size_t k, float* out) {
+  for (std::size_t j = 0; j < k; ++j) out[idx[j]] += val[j];
+}
+
+}  // namespace gz::kernels::cpu
