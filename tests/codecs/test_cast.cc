@@ -175,6 +175,30 @@ TEST(Bf16, EncodeRoundsToNearestEven) {
   }
 }
 
+// The CPU loop (AVX2 when the build targets it) against the element function.
+TEST(Bf16, FastPathMatchesPortable) {
+  std::mt19937 rng(12);
+  std::vector<float> g;
+  for (int i = 0; i < 300000; ++i) g.push_back(bits_float(rng()));
+  for (std::uint32_t b = 0; b < 0x7F800000u; b += 0x10000u * 89)
+    for (std::uint32_t off : {0x7FFFu, 0x8000u, 0x8001u, 0x18000u, 0x80000000u + 0x8000u}) g.push_back(bits_float(b + off));
+  for (std::uint32_t bits : {0x7F7F8000u, 0x7F7FFFFFu, 0xFF7F8000u, 0x7F800001u, 0xFFC00001u, 0x7F800000u})
+    g.push_back(bits_float(bits));
+  std::vector<float> r = test::normal(g.size(), 13, 1e-3f), r_old = r;
+  std::vector<std::uint16_t> fast(g.size());
+  kernels::cpu::cast_encode<kernels::BFloat16Format>(g.data(), r.data(), g.size(), fast.data());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const float v = g[i] + r_old[i];
+    const std::uint16_t h = kernels::BFloat16Format::encode(v);
+    ASSERT_EQ(fast[i], h) << std::hex << kernels::float_bits(v);
+    ASSERT_TRUE(test::same_float(r[i], kernels::ef_residual(v, kernels::bf16_to_float(h)))) << i;
+  }
+  std::vector<float> out(g.size(), 0.5f);
+  kernels::cpu::cast_decode_accumulate<kernels::BFloat16Format>(fast.data(), fast.size(), out.data());
+  for (std::size_t i = 0; i < g.size(); ++i)
+    ASSERT_TRUE(test::same_float(out[i], 0.5f + kernels::bf16_to_float(fast[i]))) << i;
+}
+
 TEST(Bf16, SaturatesAndPassesNonFinite) {
   using L = std::numeric_limits<float>;
   EXPECT_EQ(kernels::BFloat16Format::encode(L::max()), 0x7F7F);
