@@ -22,7 +22,7 @@ namespace gz::kernels::cpu {
 
 void copy_encode(const float* g, float* r, std::size_t n, float* out) {
   if (!r) {
-    std::memcpy(out, g, n * sizeof(float));
+    if (n) std::memcpy(out, g, n * sizeof(float));  // g may be null when n == 0
     return;
   }
   for (std::size_t i = 0; i < n; ++i) {
