@@ -1,0 +1,53 @@
+"""gradzip: gradient compression for data-parallel allreduce.
+
+- :class:`Codec` compresses float32 gradients (numpy or torch, CPU or CUDA)
+  into byte payloads with error feedback (:class:`ErrorFeedback`), and adds
+  payloads back into a sum.
+- :mod:`gradzip.torch` plugs the codecs into PyTorch DDP as a communication hook.
+- :class:`Communicator` (when the build has gradzip's transports) runs
+  gradzip's own compressed allreduce over UCX or NCCL.
+
+Errors: :class:`InvalidArgument` and :class:`PayloadError` are ValueErrors;
+:class:`IoError` and :class:`CudaError` are RuntimeErrors; all derive from
+:class:`GradzipError`.
+"""
+
+from ._core import (
+    BUILD,
+    HEADER_BYTES,
+    CudaError,
+    GradzipError,
+    InvalidArgument,
+    IoError,
+    PayloadError,
+    __version__,
+    canonical_spec,
+    codec_names,
+    expand_spec_grid,
+    payload_info,
+    split_spec_list,
+)
+from .codec import Codec, ErrorFeedback
+
+# Created in C++ under gradzip._core; shown as gradzip.<name> in tracebacks.
+for _exc in (GradzipError, InvalidArgument, PayloadError, IoError, CudaError):
+    _exc.__module__ = "gradzip"
+del _exc
+
+__all__ = [
+    "BUILD",
+    "HEADER_BYTES",
+    "Codec",
+    "CudaError",
+    "ErrorFeedback",
+    "GradzipError",
+    "InvalidArgument",
+    "IoError",
+    "PayloadError",
+    "__version__",
+    "canonical_spec",
+    "codec_names",
+    "expand_spec_grid",
+    "payload_info",
+    "split_spec_list",
+]

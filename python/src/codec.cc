@@ -1,0 +1,156 @@
+// gradzip._core.Codec: the C++ Codec on caller-provided arrays, zero-copy.
+//
+// Arrays come in through DLPack (numpy, torch, ...) and are used where they
+// live: host arrays by the CPU loops, CUDA arrays by the CUDA kernels on the
+// stream the caller names. The GIL is released while the codec works, and a
+// per-object mutex serialises calls on one Codec (its scratch is shared).
+// Allocation (payloads, residuals, CUDA workspaces) is left to Python, which
+// uses the caller's framework and its allocator; see gradzip/codec.py.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/unique_ptr.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "arrays.h"
+#include "bindings.h"
+#include "codec_handle.h"
+#include "common/error.h"
+#include "compressors/codec.h"
+
+namespace nb = nanobind;
+
+namespace gzpy {
+namespace {
+
+gz::Device parse_device(std::string_view d) {
+  if (d == "cpu") return gz::Device::Cpu;
+  if (d == "cuda" || d.substr(0, 5) == "cuda:") return gz::Device::Cuda;
+  GZ_THROW(gz::InvalidArgument, "unknown device '", d, "'; valid: cpu, cuda");
+}
+
+gz::ExecContext make_context(const Place& place, std::uintptr_t stream, const Span* workspace) {
+  gz::ExecContext ctx;
+  ctx.device = place.device;
+  ctx.stream = reinterpret_cast<gz::Stream>(stream);
+  if (workspace) {
+    ctx.workspace = workspace->data;
+    ctx.workspace_bytes = workspace->count;
+  }
+  return ctx;
+}
+
+std::size_t encode_into(CodecHandle& self, const InArray& grad, const OutArray& residual, const OutArray& payload,
+                        std::uintptr_t stream, const OutArray& workspace) {
+  gz::Codec& codec = self.codec();
+  const Span g = check_array(grad, Elem::F32, "grad");
+  const Span p = check_array(payload, Elem::U8, "payload");
+  check_same_place(g, "grad", p, "payload");
+  check_disjoint(g, g.count * 4, "grad", p, p.count, "payload");
+
+  Span r;
+  if (codec.error_feedback()) {
+    if (!residual.is_valid())
+      GZ_THROW(gz::InvalidArgument, codec.spec(),
+               " has error feedback on, so encode needs a residual (n float32, zeros at the start); "
+               "or use the spec with ef=off");
+    r = check_array(residual, Elem::F32, "residual");
+    check_same_place(g, "grad", r, "residual");
+    if (r.count != g.count)
+      GZ_THROW(gz::InvalidArgument, "residual has ", r.count, " elements but grad has ", g.count);
+    check_disjoint(g, g.count * 4, "grad", r, r.count * 4, "residual");
+    check_disjoint(r, r.count * 4, "residual", p, p.count, "payload");
+  }
+  Span ws;
+  if (workspace.is_valid()) {
+    ws = check_array(workspace, Elem::U8, "workspace");
+    check_same_place(g, "grad", ws, "workspace");
+  }
+  if (g.place.device == gz::Device::Cpu && stream != 0)
+    GZ_THROW(gz::InvalidArgument, "a stream was given but grad is a host array");
+
+  const gz::ExecContext ctx = make_context(g.place, stream, workspace.is_valid() ? &ws : nullptr);
+  nb::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(self.mutex());
+  return codec.encode(static_cast<const float*>(g.data), static_cast<float*>(r.data), g.count,
+                      static_cast<std::byte*>(p.data), p.count, ctx);
+}
+
+void decode_accumulate_into(CodecHandle& self, const InArray& payload, const OutArray& out, std::uintptr_t stream,
+                            const OutArray& workspace) {
+  gz::Codec& codec = self.codec();
+  const Span p = check_array(payload, Elem::U8, "payload");
+  const Span o = check_array(out, Elem::F32, "out");
+  check_same_place(o, "out", p, "payload");
+  check_disjoint(o, o.count * 4, "out", p, p.count, "payload");
+  Span ws;
+  if (workspace.is_valid()) {
+    ws = check_array(workspace, Elem::U8, "workspace");
+    check_same_place(o, "out", ws, "workspace");
+  }
+  if (o.place.device == gz::Device::Cpu && stream != 0)
+    GZ_THROW(gz::InvalidArgument, "a stream was given but out is a host array");
+
+  const gz::ExecContext ctx = make_context(o.place, stream, workspace.is_valid() ? &ws : nullptr);
+  nb::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(self.mutex());
+  codec.decode_accumulate(static_cast<const std::byte*>(p.data), p.count, static_cast<float*>(o.data), o.count, ctx);
+}
+
+}  // namespace
+
+void bind_codec(nb::module_& m) {
+  nb::class_<CodecHandle>(m, "Codec",
+                          "A gradient codec named by a spec string (see gradzip.Codec for the array-level API).\n\n"
+                          "This is the raw binding: encode_into / decode_accumulate_into work on buffers the caller\n"
+                          "provides, on the CPU or on a CUDA stream, without copies.")
+      .def(nb::init<std::string_view>(), nb::arg("spec"),
+           "Builds the codec a spec string names, e.g. 'onebit:block=512' or 'topk:density=0.01,ef=off'.\n"
+           "Raises InvalidArgument naming the valid codecs or keys.")
+      .def_prop_ro("spec", [](const CodecHandle& c) { return c.codec().spec(); }, "The canonical spec string.")
+      .def_prop_ro("name", [](const CodecHandle& c) { return std::string(gz::codec_name(c.codec().id())); },
+                   "The codec's name: none, fp16, bf16, onebit or topk.")
+      .def_prop_ro("error_feedback", [](const CodecHandle& c) { return c.codec().error_feedback(); },
+                   "Whether encode keeps a residual (error feedback). Always False for none.")
+      .def_prop_ro("fixed_size",
+                   [](const CodecHandle& c) {
+                     const auto& cfg = c.codec().config();
+                     return !(cfg.id == gz::CodecId::TopK && cfg.select == gz::TopkSelect::Sample);
+                   },
+                   "True when every payload of n elements has exactly max_payload_bytes(n) bytes\n"
+                   "(all codecs but topk with select=sample, whose size varies per call).")
+      .def("max_payload_bytes", [](const CodecHandle& c, std::size_t n) { return c.codec().max_payload_bytes(n); },
+           nb::arg("n"), "Payload bytes (header included) for n elements: exact, or the upper bound when not fixed_size.")
+      .def("workspace_bytes",
+           [](const CodecHandle& c, std::size_t n, std::string_view device) {
+             return c.codec().workspace_bytes(n, parse_device(device));
+           },
+           nb::arg("n"), nb::arg("device") = "cpu",
+           "Scratch bytes an encode or decode of n elements needs on device ('cpu' or 'cuda').")
+      .def("encode_into", &encode_into, nb::arg("grad").noconvert(), nb::arg("residual").noconvert().none(),
+           nb::arg("payload").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
+           nb::arg("workspace").noconvert().none() = nb::none(),
+           nb::sig("def encode_into(self, grad: object, residual: object | None, payload: object, *, "
+                   "stream: int = 0, workspace: object | None = None) -> int"),
+           "Encodes grad (float32, contiguous) into payload (uint8, at least max_payload_bytes(n) bytes),\n"
+           "updating residual in place (error feedback: v = grad + residual; payload = Q(v);\n"
+           "residual = v - D(payload)). Returns the payload's size in bytes.\n\n"
+           "All arrays must be on one device. For CUDA arrays, stream is the cudaStream_t (an int; 0 is\n"
+           "the legacy default stream) and workspace must hold workspace_bytes(n, 'cuda') bytes; the call\n"
+           "is queued on that stream. The GIL is released while it runs.")
+      .def("decode_accumulate_into", &decode_accumulate_into, nb::arg("payload").noconvert(),
+           nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
+           nb::arg("workspace").noconvert().none() = nb::none(),
+           nb::sig("def decode_accumulate_into(self, payload: object, out: object, *, stream: int = 0, "
+                   "workspace: object | None = None) -> None"),
+           "Adds the decoded payload into out (float32, contiguous, the encoded element count).\n"
+           "payload must be exactly the bytes encode returned. Raises PayloadError, leaving out\n"
+           "untouched, when the payload is malformed or belongs to another codec or size.")
+      .def("__repr__", [](const CodecHandle& c) { return "Codec('" + c.codec().spec() + "')"; });
+}
+
+}  // namespace gzpy

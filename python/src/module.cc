@@ -1,0 +1,152 @@
+// gradzip._core: the nanobind module. Exceptions, spec-string helpers and
+// build facts live here; codec.cc binds Codec, comm.cc the Communicator.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+
+#include "arrays.h"
+#include "bindings.h"
+#include "common/error.h"
+#include "compressors/spec.h"
+#include "compressors/wire_format.h"
+
+namespace nb = nanobind;
+
+namespace gzpy {
+namespace {
+
+PyObject* g_error = nullptr;
+PyObject* g_invalid = nullptr;
+PyObject* g_payload = nullptr;
+PyObject* g_io = nullptr;
+PyObject* g_cuda = nullptr;
+
+// Creates gradzip.<name> deriving from `bases` and adds it to the module.
+PyObject* add_exception(nb::module_& m, const char* name, const char* doc, PyObject* bases) {
+  // Named after this module ("_core" while stubgen imports it alone,
+  // "gradzip._core" when installed); gradzip/__init__.py renames them to
+  // gradzip.<name> for readable tracebacks.
+  const std::string qualified = nb::cast<std::string>(m.attr("__name__")) + "." + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+  if (!type) throw nb::python_error();
+  m.attr(name) = nb::handle(type);
+  return type;
+}
+
+void register_exceptions(nb::module_& m) {
+  g_error = add_exception(m, "GradzipError", "Base class of every error gradzip raises.", PyExc_Exception);
+  nb::object invalid_bases = nb::make_tuple(nb::handle(g_error), nb::handle(PyExc_ValueError));
+  g_invalid = add_exception(m, "InvalidArgument",
+                            "An argument is invalid (a bad spec string, a wrong dtype, device or size, "
+                            "a state bound to another buffer). Nothing was modified.",
+                            invalid_bases.ptr());
+  nb::object payload_bases = nb::make_tuple(nb::handle(g_invalid));
+  g_payload = add_exception(m, "PayloadError",
+                            "A payload failed validation (truncated, wrong codec or size, bad indices). "
+                            "The output was left untouched.",
+                            payload_bases.ptr());
+  nb::object runtime_bases = nb::make_tuple(nb::handle(g_error), nb::handle(PyExc_RuntimeError));
+  g_io = add_exception(m, "IoError",
+                       "A peer, the network or the rendezvous failed or timed out. The communicator is "
+                       "broken: build a new one.",
+                       runtime_bases.ptr());
+  g_cuda = add_exception(m, "CudaError", "A CUDA or NCCL call failed.", runtime_bases.ptr());
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const gz::PayloadError& e) {
+      PyErr_SetString(g_payload, e.what());
+    } catch (const gz::InvalidArgument& e) {
+      PyErr_SetString(g_invalid, e.what());
+    } catch (const gz::IoError& e) {
+      PyErr_SetString(g_io, e.what());
+    } catch (const gz::CudaError& e) {
+      PyErr_SetString(g_cuda, e.what());
+    } catch (const gz::Error& e) {
+      PyErr_SetString(g_error, e.what());
+    }
+  });
+}
+
+nb::dict payload_info(const InArray& payload) {
+  const Span p = check_array(payload, Elem::U8, "payload");
+  if (p.place.device != gz::Device::Cpu)
+    GZ_THROW(gz::InvalidArgument, "payload_info reads host payloads; this one is on ", to_string(p.place));
+  const gz::wire::Header h = gz::wire::read_header(static_cast<const std::byte*>(p.data), p.count);
+  nb::dict d;
+  d["codec"] = gz::codec_name(h.codec);
+  d["count"] = h.count;
+  d["param"] = h.param;
+  d["bytes"] = gz::wire::kHeaderBytes + h.body_bytes;
+  return d;
+}
+
+}  // namespace
+}  // namespace gzpy
+
+NB_MODULE(_core, m) {
+  m.doc() = "gradzip's C++ core: codecs (and, when built, the communicator). Use the gradzip package.";
+  gzpy::register_exceptions(m);
+
+  m.attr("__version__") = GZ_VERSION;
+  m.attr("HEADER_BYTES") = gz::wire::kHeaderBytes;
+
+  nb::dict build;
+#if GZ_HAVE_CUDA
+  build["cuda"] = true;
+#else
+  build["cuda"] = false;
+#endif
+#if GZ_PY_HAVE_COMM
+  build["comm"] = true;
+#else
+  build["comm"] = false;
+#endif
+#if GZ_HAVE_UCX
+  build["ucx"] = true;
+#else
+  build["ucx"] = false;
+#endif
+#if GZ_HAVE_NCCL
+  build["nccl"] = true;
+#else
+  build["nccl"] = false;
+#endif
+  m.attr("BUILD") = build;
+
+  m.def("codec_names", [] {
+        std::vector<std::string> names;
+        std::string_view all = gz::codec_names();
+        while (!all.empty()) {
+          const auto comma = all.find(',');
+          names.emplace_back(all.substr(0, comma));
+          all = comma == std::string_view::npos ? std::string_view{} : all.substr(comma + 1);
+          while (!all.empty() && all.front() == ' ') all.remove_prefix(1);
+        }
+        return names;
+      },
+      "Names of the codecs this build knows.");
+  m.def("canonical_spec", [](std::string_view spec) { return gz::parse_spec(spec).canonical(); }, nb::arg("spec"),
+        "Parses a codec spec string ('name[:key=value,...]') and returns its canonical form.\n\n"
+        "Raises InvalidArgument naming the valid codecs or keys.");
+  m.def("split_spec_list", &gz::split_spec_list, nb::arg("specs"),
+        "Splits a comma-separated list of specs: 'none,fp16,topk:density=0.01,ef=off' -> "
+        "['none', 'fp16', 'topk:density=0.01,ef=off'].");
+  m.def("expand_spec_grid", &gz::expand_spec_grid, nb::arg("grid"),
+        "Expands a sweep grid: 'topk:density=0.1,0.01,onebit:block=256,1024' -> "
+        "['topk:density=0.1', 'topk:density=0.01', 'onebit:block=256', 'onebit:block=1024'].");
+  m.def("payload_info", &gzpy::payload_info, nb::arg("payload").noconvert(),
+        nb::sig("def payload_info(payload: object) -> dict"),
+        "Reads and validates the header of a host payload (a uint8 array).\n\n"
+        "Returns a dict with codec (name), count (elements), param and bytes (the whole payload's size).\n"
+        "Raises PayloadError for a malformed header, or when the array is not exactly that size.");
+
+  gzpy::bind_codec(m);
+#if GZ_PY_HAVE_COMM
+  gzpy::bind_comm(m);
+#endif
+}
