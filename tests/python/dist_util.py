@@ -1,0 +1,92 @@
+"""Run a function on N local ranks (gloo over loopback), with a hard time limit.
+
+Each rank is a fresh spawned process with torch.distributed initialised;
+the function's return values come back to the test, its exceptions come back
+as a failure naming the rank. A rank that hangs or dies fails the test within
+the timeout and every rank is killed: a test never hangs CI.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable, List
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=60))
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, value))
+    except BaseException:  # reported to the test, which fails
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 180.0) -> List[Any]:
+    """Runs fn(rank, world_size, *args) on world_size processes; returns the
+    values by rank. fn must be importable (defined at module level)."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    values: dict = {}
+    errors: List[str] = []
+    try:
+        while len(values) + len(errors) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if errors:  # the others are stuck waiting for the rank that failed
+                    break
+                raise TimeoutError(f"{fn.__name__} on {world_size} ranks: no result within {timeout:.0f} s "
+                                   f"from ranks {sorted(set(range(world_size)) - set(values))}")
+            try:
+                rank, ok, value = results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
+                if dead and len(values) + len(errors) < world_size:
+                    # Give a crashed rank's peers a moment to report, then stop.
+                    time.sleep(0.5)
+                    if results.empty():
+                        raise RuntimeError(f"{fn.__name__}: ranks {dead} died (exit codes "
+                                           f"{[procs[r].exitcode for r in dead]}) without a result")
+                continue
+            if ok:
+                values[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+                deadline = min(deadline, time.monotonic() + 5.0)
+        if errors:
+            raise RuntimeError(f"{fn.__name__} failed on {len(errors)} rank(s):\n" + "\n".join(errors))
+        return [values[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)

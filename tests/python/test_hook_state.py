@@ -1,0 +1,141 @@
+"""CompressionState's arguments and the layout tracking behind it, in one process."""
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gradzip
+from dist_util import free_port
+from gradzip.torch import CompressionState, compression_hook
+from gradzip.torch import _layout
+
+
+# First: the module's process group does not exist yet.
+def test_needs_an_initialised_process_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is up")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        CompressionState()
+
+
+@pytest.fixture(scope="module")
+def group():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"codec": "twobit"}, "valid codecs"),
+    ({"warmup_steps": -1}, "warmup_steps"),
+    ({"warmup_steps": 1.5}, "warmup_steps"),
+    ({"transport": "mpi"}, "unknown transport"),
+    ({"algorithm": "scatter_reduce"}, "needs transport='gradzip'"),
+    ({"communicator": object()}, "only with transport='gradzip'"),
+])
+def test_bad_arguments_raise_value_error_with_a_reason(group, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CompressionState(**kwargs)
+
+
+def test_defaults_and_state_dict_checks(group):
+    state = CompressionState()
+    assert state.codec.spec == gradzip.Codec("onebit").spec
+    assert state.warmup_steps == 0 and state.transport == "torch" and state.process_group is None
+    saved = state.state_dict()
+    CompressionState().load_state_dict(saved)
+    with pytest.raises(ValueError, match="codec"):
+        CompressionState(codec="topk").load_state_dict(saved)
+    with pytest.raises(ValueError, match="not a gradzip"):
+        state.load_state_dict({})
+
+
+def test_one_rank_training_works(group):
+    model = torch.nn.Linear(8, 4)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = CompressionState(codec="topk:k=3")
+    ddp.register_comm_hook(state, compression_hook)
+    before = [p.detach().clone() for p in model.parameters()]
+    ddp(torch.randn(5, 8)).sum().backward()
+    assert state.step == 1
+    changed = sum(int((p.grad != 0).sum()) for p in model.parameters())
+    assert changed == 3  # one rank: the average is this rank's top 3
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+# --- layout tracking, with plain tensors standing in for parameters --------------
+
+class FakeEF:
+    def __init__(self, n, sources):
+        self.n, self.sources = n, sources
+        self.bound = any(s is not None for s, _, _ in sources)
+
+
+def params(*sizes):
+    return [torch.zeros(s) for s in sizes]
+
+
+def test_a_stable_layout_is_planned_once():
+    t = _layout.Tracker()
+    a, b = params(3, 4), params(5)
+    plan_a = t.plan(0, a, 7, FakeEF)
+    plan_b = t.plan(1, b, 5, FakeEF)
+    t.end_step()
+    assert plan_a.identity and plan_b.identity
+    again = t.plan(0, a, 7, FakeEF)
+    assert again.parts == plan_a.parts and t.plan(1, b, 5, FakeEF).parts == plan_b.parts
+    assert t.plan(0, a, 7, FakeEF) is again  # cached from now on
+    assert t.events == ["new", "new"]
+
+
+def test_rebucketing_moves_residuals_with_their_parameters():
+    t = _layout.Tracker()
+    p = params(3, 4, 5)
+    first = t.plan(0, p, 12, FakeEF).parts[0][0]  # DDP's provisional single bucket
+    t.end_step()
+    second = t.plan(0, [p[2], p[1]], 9, FakeEF).parts[0][0]  # rebuilt, reversed
+    third = t.plan(1, [p[0]], 3, FakeEF).parts[0][0]
+    assert second.ef.sources == [(first.ef, 7, 5), (first.ef, 3, 4)]
+    assert third.ef.sources == [(first.ef, 0, 3)]
+    assert t.events == ["new", "remap", "remap"]
+
+
+def test_a_restored_state_compresses_the_saved_segments_until_ddp_rebuilds():
+    old = _layout.Tracker()
+    p = params(3, 4, 5)
+    old.plan(0, p, 12, FakeEF)
+    old.end_step()
+    old.plan(0, [p[2], p[1]], 9, FakeEF)
+    old.plan(1, [p[0]], 3, FakeEF)
+    saved = [_layout.Segment(s.keys, s.numels, s.ef) for s in old.segments()]
+
+    new = _layout.Tracker()
+    q = params(3, 4, 5)  # the same model, rebuilt in a new process
+    new.restore(old.shapes(), saved)
+    plan = new.plan(0, q, 12, FakeEF)  # provisional single bucket
+    assert [s.keys for s, _ in plan.parts] == [s.keys for s in saved]
+    runs = {s.keys: r for s, r in plan.parts}
+    assert runs[(0,)] == [(0, 0, 3)] and runs[(2, 1)] == [(7, 0, 5), (3, 5, 4)]
+    new.end_step()
+    assert new.plan(0, [q[2], q[1]], 9, FakeEF).parts == [(saved[1] if saved[1].keys == (2, 1) else saved[0], None)]
+
+
+def test_a_checkpoint_of_another_model_is_refused():
+    old = _layout.Tracker()
+    old.plan(0, params(3, 4), 7, FakeEF)
+    old.end_step()
+    new = _layout.Tracker()
+    new.restore(old.shapes(), old.segments())
+    with pytest.raises(_layout.LayoutMismatch, match="shape"):
+        new.plan(0, params(3, 5), 8, FakeEF)
+
+
+def test_parameters_of_another_model_are_refused():
+    t = _layout.Tracker()
+    t.plan(0, params(3), 3, FakeEF)
+    t.end_step()
+    with pytest.raises(ValueError, match="one CompressionState per DDP model"):
+        t.plan(0, params(3), 3, FakeEF)
