@@ -1,5 +1,6 @@
 #include "comm/agreement.h"
 
+#include <algorithm>
 #include <map>
 
 #include "common/error.h"
@@ -71,8 +72,11 @@ void agree(Store& store, std::uint64_t index, int rank, int size, const Fields& 
       by_value[value].push_back(r);
     }
     if (by_value.size() <= 1) continue;
+    // Listed by lowest rank, so rank 0's value comes first.
+    std::vector<std::pair<std::string, std::vector<int>>> groups(by_value.begin(), by_value.end());
+    std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.second[0] < b.second[0]; });
     problems += "\n  " + name + ":";
-    for (const auto& [value, ranks] : by_value)
+    for (const auto& [value, ranks] : groups)
       problems += " rank" + std::string(ranks.size() > 1 ? "s " : " ") + rank_list(ranks) + " '" + value + "';";
     problems.pop_back();
   }
