@@ -4,7 +4,9 @@
 //   auto comm = gz::Communicator::from_env(gz::TransportKind::Ucx);
 //   auto codec = gz::make_codec("onebit");
 //   gz::AllreduceState state;                    // one per gradient buffer
-//   comm->allreduce(grad, n, *codec, state, {.op = gz::ReduceOp::Average});
+//   gz::AllreduceCall call;
+//   call.op = gz::ReduceOp::Average;
+//   comm->allreduce(grad, n, *codec, state, call);
 //
 // Thread-compatible: one call at a time (the workspace and the transport are
 // shared by every call); calls from several threads need a lock around them.

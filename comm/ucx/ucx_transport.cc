@@ -49,7 +49,15 @@ struct Op {
   bool recv = false;
   std::size_t* received = nullptr;
   std::size_t capacity = 0;
+  ucp_tag_recv_info_t info{};  // set by on_recv
+  ucs_status_t status = UCS_INPROGRESS;
 };
+
+void on_recv(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  if (info) op->info = *info;
+  op->status = status;
+}
 
 // A host buffer to send to or receive from one peer.
 struct HostSend {
@@ -237,9 +245,7 @@ void UcxTransport::Impl::wait_all(Coll coll, Clock::time_point deadline, Timeout
     bool done = true, completed_any = false;
     for (auto& op : ops) {
       if (!op.req) continue;
-      ucs_status_t st;
-      ucp_tag_recv_info_t info{};
-      st = op.recv ? ucp_tag_recv_request_test(op.req, &info) : ucp_request_check_status(op.req);
+      const ucs_status_t st = op.recv ? op.status : ucp_request_check_status(op.req);
       if (st == UCS_INPROGRESS) {
         done = false;
         continue;
@@ -250,7 +256,7 @@ void UcxTransport::Impl::wait_all(Coll coll, Clock::time_point deadline, Timeout
         fail(std::string(coll_name(coll)) + (op.recv ? ": receive from rank " : ": send to rank ") +
              std::to_string(op.peer) + " failed: " + ucs_status_string(st) +
              (st == UCS_ERR_MESSAGE_TRUNCATED ? " (the ranks disagree on buffer sizes)" : ""));
-      if (op.recv) *op.received = info.length;
+      if (op.recv) *op.received = op.info.length;
       completed_any = true;
     }
     if (done) return;
@@ -288,13 +294,21 @@ void UcxTransport::Impl::exchange(std::span<const HostSend> sends, std::span<con
   ops.clear();
   ucp_request_param_t p{};
   p.op_attr_mask = 0;
-  // Receives first, so that eager messages land in place.
+  ops.reserve(recvs.size() + sends.size());  // no reallocation: callbacks hold Op pointers
+  // Receives first, so that eager messages land in place. Every receive goes
+  // through the completion callback (NO_IMM_CMPL), which records status and
+  // length in its Op.
   for (const auto& r : recvs) {
-    void* req = ucp_tag_recv_nbx(worker, r.data, r.bytes, make_tag(s, r.peer, coll), ~ucp_tag_t{0}, &p);
+    Op& op = ops.emplace_back(Op{nullptr, r.peer, true, r.received, r.bytes, {}, UCS_INPROGRESS});
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    rp.cb.recv = &on_recv;
+    rp.user_data = &op;
+    void* req = ucp_tag_recv_nbx(worker, r.data, r.bytes, make_tag(s, r.peer, coll), ~ucp_tag_t{0}, &rp);
     if (UCS_PTR_IS_ERR(req))
       fail(std::string("ucp_tag_recv_nbx from rank ") + std::to_string(r.peer) + " failed: " +
            ucs_status_string(UCS_PTR_STATUS(req)));
-    ops.push_back(Op{req, r.peer, true, r.received, r.bytes});
+    op.req = req;
   }
   for (const auto& snd : sends) {
     void* req = ucp_tag_send_nbx(eps[static_cast<std::size_t>(snd.peer)], snd.data, snd.bytes,
@@ -302,7 +316,7 @@ void UcxTransport::Impl::exchange(std::span<const HostSend> sends, std::span<con
     if (UCS_PTR_IS_ERR(req))
       fail(std::string("ucp_tag_send_nbx to rank ") + std::to_string(snd.peer) + " failed: " +
            ucs_status_string(UCS_PTR_STATUS(req)));
-    if (req) ops.push_back(Op{req, snd.peer, false, nullptr, snd.bytes});  // null: completed in place
+    if (req) ops.push_back(Op{req, snd.peer, false, nullptr, snd.bytes, {}, UCS_INPROGRESS});  // null: completed in place
   }
   wait_all(coll, deadline, timeout);
 }
