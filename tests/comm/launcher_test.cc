@@ -8,16 +8,16 @@
 
 namespace {
 
-struct Run {
+struct RunResult {
   int code = -1;
   std::string output;
   double seconds = 0;
 };
 
-Run run(const std::string& args) {
+RunResult run(const std::string& args) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string cmd = std::string(GZ_RUN_PATH) + " " + args + " 2>&1";
-  Run r;
+  RunResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -29,7 +29,7 @@ Run run(const std::string& args) {
 }
 
 TEST(Launcher, GivesEachRankTheTorchrunEnvironmentAndPrefixesLines) {
-  const Run r = run("-n 3 -- sh -c 'echo \"env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR\"; "
+  const RunResult r = run("-n 3 -- sh -c 'echo \"env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR\"; "
                     "printf partial'");
   EXPECT_EQ(r.code, 0) << r.output;
   for (int k = 0; k < 3; ++k) {
@@ -42,14 +42,14 @@ TEST(Launcher, GivesEachRankTheTorchrunEnvironmentAndPrefixesLines) {
 }
 
 TEST(Launcher, AFailingRankStopsTheOthersAndSetsTheExitCode) {
-  const Run r = run("-n 3 -- sh -c 'if [ $RANK = 1 ]; then exit 7; fi; exec sleep 30'");
+  const RunResult r = run("-n 3 -- sh -c 'if [ $RANK = 1 ]; then exit 7; fi; exec sleep 30'");
   EXPECT_EQ(r.code, 7) << r.output;
   EXPECT_LT(r.seconds, 10) << r.output;
   EXPECT_NE(r.output.find("rank 1 exited with code 7"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
-  const Run r = run("-n 2 --grace 0.5 -- sh -c 'if [ $RANK = 0 ]; then exit 1; fi; trap \"\" TERM; sleep 30'");
+  const RunResult r = run("-n 2 --grace 0.5 -- sh -c 'if [ $RANK = 0 ]; then exit 1; fi; trap \"\" TERM; sleep 30'");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_LT(r.seconds, 10) << r.output;
   EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
