@@ -49,7 +49,7 @@ TEST(Launcher, AFailingRankStopsTheOthersAndSetsTheExitCode) {
 }
 
 TEST(Launcher, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
-  const RunResult r = run("-n 2 --grace 0.5 -- sh -c 'if [ $RANK = 0 ]; then exit 1; fi; trap \"\" TERM; sleep 30'");
+  const RunResult r = run("-n 2 --grace 0.5 -- sh -c 'if [ $RANK = 0 ]; then sleep 0.5; exit 1; fi; trap \"\" TERM; sleep 30'");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_LT(r.seconds, 10) << r.output;
   EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
