@@ -37,6 +37,26 @@ const char* coll_name(Coll c) {
   return "?";
 }
 
+// UCP_ERR_HANDLING_MODE_PEER makes a dead peer an endpoint error, but UCX
+// 1.13's shared-memory transports (posix, sysv) do not support it, so with it
+// local ranks talk over TCP loopback at a fraction of the bandwidth. So:
+// GRADZIP_UCX_ERR_MODE=peer|none|auto; auto takes peer when UCX_TLS names no
+// shared-memory transport (UCX_TLS=tcp, the emulated cluster), else none, and
+// then a dead peer is caught by the wait deadline instead.
+bool peer_error_mode() {
+  const char* m = std::getenv("GRADZIP_UCX_ERR_MODE");
+  const std::string mode = m && *m ? m : "auto";
+  if (mode == "peer") return true;
+  if (mode == "none") return false;
+  if (mode != "auto") GZ_THROW(InvalidArgument, "GRADZIP_UCX_ERR_MODE must be peer, none or auto, got '", mode, "'");
+  const char* t = std::getenv("UCX_TLS");
+  if (!t || !*t) return false;
+  const std::string tls = t;
+  for (const char* shm : {"shm", "sm", "posix", "sysv", "all", "cma", "knem", "xpmem"})
+    if (tls.find(shm) != std::string::npos) return false;
+  return true;
+}
+
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
@@ -85,6 +105,7 @@ struct UcxTransport::Impl {
   ucp_worker_h worker = nullptr;
   int efd = -1;
   bool busy_poll = false;
+  bool peer_errors = false;  // endpoints in UCP_ERR_HANDLING_MODE_PEER
   std::vector<ucp_ep_h> eps;
   std::vector<PeerSlot> slots;
   std::vector<ucs_status_t> peer_status;  // set by the endpoints' error handler
@@ -119,6 +140,7 @@ UcxTransport::UcxTransport(Store& store, int rank, int size, Timeout timeout)
   m.rank = rank;
   m.size = size;
   m.busy_poll = env_flag("GRADZIP_UCX_BUSY_POLL");
+  m.peer_errors = peer_error_mode();
 
   // UCX_* variables from the environment (UCX_TLS=tcp, UCX_NET_DEVICES, ...).
   ucp_config_t* config = nullptr;
@@ -158,7 +180,8 @@ UcxTransport::UcxTransport(Store& store, int rank, int size, Timeout timeout)
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails its requests
+    // peer: a dead peer fails its requests (see peer_error_mode).
+    ep.err_mode = m.peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep.err_handler.cb = &Impl::on_ep_error;
     ep.err_handler.arg = &m.slots[static_cast<std::size_t>(r)];
     GZ_UCX_CHECK(ucp_ep_create(m.worker, &ep, &m.eps[static_cast<std::size_t>(r)]));
@@ -342,7 +365,8 @@ std::size_t UcxTransport::staging_bytes() const { return impl_->staging_capacity
 std::string UcxTransport::describe() const {
   const char* tls = std::getenv("UCX_TLS");
   return std::string("ucx ") + ucp_get_version_string() + " UCX_TLS=" + (tls ? tls : "(default)") +
-         (impl_->efd >= 0 ? " wakeup=event" : " wakeup=busy-poll");
+         (impl_->efd >= 0 ? " wakeup=event" : " wakeup=busy-poll") +
+         (impl_->peer_errors ? " err_mode=peer" : " err_mode=none");
 }
 
 void UcxTransport::allgatherv(ConstSlice send, std::span<const Slice> recv, std::span<std::size_t> received,
