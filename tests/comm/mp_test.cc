@@ -7,6 +7,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <map>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -147,8 +148,11 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Mp, ::testing::Values(2, 3, 4), ::testing::Print
 
 // The last rank dies (SIGKILL) while the others are inside allreduce calls:
 // they fail with IoError within the timeout, never hang.
-TEST(MpFailure, KilledRankMakesTheOthersFailWithinTheTimeout) {
+// Returns how long after the death each survivor failed.
+std::vector<double> kill_one_rank(const std::map<std::string, std::string>& env) {
   const int P = 3, timeout_s = 5;
+  MpOptions mo = opts(timeout_s, 60);
+  for (const auto& [k, v] : env) mo.env[k] = v;
   const auto res = run_ranks(P, [P](int rank) {
     auto comm = Communicator::from_env(TransportKind::Ucx);
     auto codec = make_codec("none");
@@ -164,8 +168,9 @@ TEST(MpFailure, KilledRankMakesTheOthersFailWithinTheTimeout) {
     }
     for (int i = 0; i < 100000; ++i) comm->allreduce(buf.data(), n, *codec, state);
     return kOk;
-  }, opts(timeout_s, 60));
+  }, mo);
   const double died = res[P - 1].seconds;
+  std::vector<double> after;
   EXPECT_EQ(res[P - 1].signal, SIGKILL) << describe(res);
   for (int r = 0; r < P - 1; ++r) {
     const auto& o = res[static_cast<std::size_t>(r)];
@@ -173,7 +178,19 @@ TEST(MpFailure, KilledRankMakesTheOthersFailWithinTheTimeout) {
     EXPECT_LT(o.seconds - died, timeout_s + 2.0) << "rank " << r << " took too long to notice:\n" << describe(res);
     EXPECT_NE(o.output.find("IoError"), std::string::npos) << describe(res);
     std::printf("rank %d failed %.2f s after rank %d died\n", r, o.seconds - died, P - 1);
+    after.push_back(o.seconds - died);
   }
+  return after;
+}
+
+// Shared memory (the local default): UCX's shm transports report no peer
+// failure, so the wait deadline ends the wait.
+TEST(MpFailure, KilledRankMakesTheOthersFailWithinTheTimeout) { kill_one_rank({}); }
+
+// UCX_TLS=tcp (as in the emulated cluster): endpoints use the peer error
+// mode, so the error handler reports the death long before the timeout.
+TEST(MpFailure, KilledRankOverTcpIsReportedByTheErrorHandler) {
+  for (double s : kill_one_rank({{"UCX_TLS", "tcp,self"}})) EXPECT_LT(s, 2.0);
 }
 
 // The last rank stops answering (SIGSTOP: alive, silent): the others time out
