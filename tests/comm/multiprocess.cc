@@ -124,8 +124,20 @@ std::vector<RankOutcome> run_ranks(int P, const std::function<int(int)>& body, c
       alive = 0;
     }
   }
-  for (int fd : fds)
-    if (fd >= 0) ::close(fd);
+  // What the ranks wrote just before exiting may still sit in the pipes.
+  for (int r = 0; r < P; ++r) {
+    int& fd = fds[static_cast<std::size_t>(r)];
+    if (fd < 0) continue;
+    pollfd one{fd, POLLIN, 0};
+    while (::poll(&one, 1, 1000) > 0) {
+      char buf[4096];
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      out[static_cast<std::size_t>(r)].output.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    fd = -1;
+  }
   return out;
 }
 
