@@ -12,6 +12,10 @@ Errors: :class:`InvalidArgument` and :class:`PayloadError` are ValueErrors;
 :class:`GradzipError`.
 """
 
+from ._preload import preload as _preload
+
+_preload()  # before _core: see _preload.py
+
 from ._core import (
     BUILD,
     HEADER_BYTES,
@@ -28,6 +32,9 @@ from ._core import (
     split_spec_list,
 )
 from .codec import Codec, ErrorFeedback
+
+if BUILD["comm"]:  # gradzip's own transports
+    from .comm import AllreduceState, Communicator
 
 # Created in C++ under gradzip._core; shown as gradzip.<name> in tracebacks.
 for _exc in (GradzipError, InvalidArgument, PayloadError, IoError, CudaError):
@@ -51,3 +58,5 @@ __all__ = [
     "payload_info",
     "split_spec_list",
 ]
+if BUILD["comm"]:
+    __all__ += ["AllreduceState", "Communicator"]

@@ -1,0 +1,178 @@
+"""gradzip's own communicator: a compressed allreduce over UCX or NCCL."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Dict, Optional
+
+from . import _arrays
+from . import _core
+from ._core import InvalidArgument
+from .codec import Codec
+
+__all__ = ["AllreduceState", "Communicator"]
+
+_STATE_VERSION = 1
+_torch_count = itertools.count()
+
+
+class AllreduceState(_core.AllreduceState):
+    """Error-feedback state of one buffer for :meth:`Communicator.allreduce`
+    (the worker residual, and for scatter_reduce the server residual of this
+    rank's chunk), with :meth:`state_dict` / :meth:`load_state_dict` for
+    checkpoints: a restored state continues bit-identically."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"version", "data"}``: data is the serialised state (bytes), None when unbound."""
+        return {"version": _STATE_VERSION, "data": self.save() if self.bound else None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise InvalidArgument(f"not an AllreduceState state_dict (version {_STATE_VERSION})")
+        if state["data"] is None:
+            self.reset()
+        else:
+            self.restore(bytes(state["data"]))
+
+    @property
+    def residual(self) -> None:  # the residuals live in C++; see save()
+        return None
+
+    def __repr__(self) -> str:
+        return f"AllreduceState({self.layout or 'unbound'})"
+
+
+class Communicator:
+    """gradzip's communicator: every rank calls :meth:`allreduce` with the same
+    codec spec and size, in the same order, and gets the sum or average with
+    the bytes on the wire compressed (see docs/comm.md for the algorithms).
+
+    Build one with :meth:`from_env` (torchrun-style variables; rank 0 hosts a
+    rendezvous store on MASTER_PORT), :meth:`from_store` (an existing
+    torch.distributed store) or :meth:`from_torch` (torch's default store and
+    a process group's ranks). Waits have a timeout (``GRADZIP_TIMEOUT_S``,
+    default 60 s); a dead peer raises :class:`gradzip.IoError`, after which the
+    communicator is broken: build a new one. One call at a time.
+
+    Example::
+
+        comm = gradzip.Communicator.from_env("ucx")
+        codec, state = gradzip.Codec("onebit"), gradzip.AllreduceState()
+        stats = comm.allreduce(grad, codec, state, op="avg")   # grad averaged in place
+    """
+
+    __slots__ = ("_impl",)
+
+    def __init__(self, impl: _core.Communicator) -> None:
+        self._impl = impl
+
+    @classmethod
+    def from_env(cls, transport: str = "ucx", *, timeout: Optional[float] = None, prefix: str = "gradzip",
+                 cuda_device: int = -1) -> "Communicator":
+        """Rendezvous from MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (torchrun, gradzip-run).
+        Rank 0 hosts the store on MASTER_PORT, so in a job that also runs
+        torch.distributed (whose store holds that port) use :meth:`from_torch`."""
+        return cls(_core.Communicator.from_env(transport, timeout, prefix, cuda_device))
+
+    @classmethod
+    def from_store(cls, store: Any, rank: int, world_size: int, transport: str = "ucx", *,
+                   timeout: Optional[float] = None, prefix: str = "gradzip", cuda_device: int = -1) -> "Communicator":
+        """Rendezvous through a store with torch.distributed.Store's set/get/wait/add."""
+        return cls(_core.Communicator.from_store(store, rank, world_size, transport, timeout, prefix, cuda_device))
+
+    @classmethod
+    def from_torch(cls, process_group: Any = None, transport: Optional[str] = None, *,
+                   timeout: Optional[float] = None) -> "Communicator":
+        """A communicator over the ranks of a torch process group (default: WORLD),
+        meeting through torch's default store. Collective: every rank of the
+        group calls it, in the same order relative to other from_torch calls.
+        transport defaults to nccl for an NCCL group, else ucx."""
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
+        get_store = getattr(c10d, "_get_default_store", None)
+        if get_store is None:
+            raise RuntimeError("this torch has no default store to meet through; use Communicator.from_env")
+        if transport is None:
+            transport = "nccl" if dist.get_backend(process_group) == "nccl" else "ucx"
+        ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+        prefix = f"gradzip/{'.'.join(map(str, ranks))}/{next(_torch_count)}"
+        cuda_device = -1
+        if transport == "nccl":
+            import torch
+
+            cuda_device = torch.cuda.current_device()
+        return cls.from_store(get_store(), dist.get_rank(process_group), len(ranks), transport,
+                              timeout=timeout, prefix=prefix, cuda_device=cuda_device)
+
+    @property
+    def rank(self) -> int:
+        return self._impl.rank
+
+    @property
+    def size(self) -> int:
+        return self._impl.size
+
+    @property
+    def transport(self) -> str:
+        return self._impl.transport
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Scratch held beyond the callers' buffers and states."""
+        return self._impl.workspace_bytes
+
+    @property
+    def broken(self) -> bool:
+        """True after an IoError: build a new communicator."""
+        return self._impl.broken
+
+    def allreduce(self, tensor: Any, codec: Codec, state: AllreduceState, op: str = "avg",
+                  algorithm: str = "auto", *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """In place: ``tensor`` becomes the sum (``op="sum"``) or average (``"avg"``)
+        over ranks, sent compressed by ``codec`` with error feedback in ``state``.
+
+        Args:
+            tensor: float32, contiguous; numpy array or torch tensor (CPU, or CUDA
+                on torch's current stream).
+            codec: a :class:`gradzip.Codec` (the same spec on every rank).
+            state: this buffer's :class:`AllreduceState`.
+            algorithm: ``"auto"``, ``"allgather"`` or ``"scatter_reduce"``.
+            timeout: seconds for this call's waits (default: the communicator's).
+
+        Returns:
+            The call's stats: algorithm, encode_s, comm_s, decode_s, total_s,
+            wire_bytes (payload bytes this rank sent), agreed.
+
+        The GIL is released while the call runs. Every rank ends with the
+        same bits.
+        """
+        if not isinstance(codec, _core.Codec):
+            raise InvalidArgument(f"codec must be a gradzip.Codec, got {type(codec).__name__}")
+        if not isinstance(state, _core.AllreduceState):
+            raise InvalidArgument(f"state must be a gradzip.AllreduceState, got {type(state).__name__}")
+        tensor = _arrays.as_input(tensor, "tensor")
+        _arrays.check_writable(tensor, "tensor")
+        with _arrays.cuda_call(tensor) as (stream, _):
+            return self._impl.allreduce(tensor, codec, state, op=op, algorithm=algorithm, stream=stream,
+                                        timeout=timeout)
+
+    def barrier(self) -> None:
+        self._impl.barrier()
+
+    def close(self) -> None:
+        """Releases the transport (waits up to 10 s for the other ranks to close)."""
+        self._impl.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._impl.closed:
+            return "Communicator(closed)"
+        return f"Communicator(transport='{self.transport}', rank={self.rank}, size={self.size})"

@@ -1,0 +1,307 @@
+// gradzip._core.Communicator and AllreduceState: gradzip's compressed
+// allreduce over its own transports (UCX, NCCL), and a Store that forwards to
+// a Python object (torch.distributed's store), so a job that already has a
+// torch process group needs no second rendezvous port.
+//
+// Every call that waits on peers runs with the GIL released; the Python store
+// takes it back only for its own calls.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "arrays.h"
+#include "bindings.h"
+#include "codec_handle.h"
+#include "comm/allreduce.h"
+#include "comm/communicator.h"
+#include "comm/prefix_store.h"
+#include "common/error.h"
+#if GZ_HAVE_UCX
+#include "comm/ucx/ucx_transport.h"
+#endif
+#if GZ_HAVE_NCCL
+#include "comm/nccl/nccl_transport.h"
+#endif
+
+namespace nb = nanobind;
+
+namespace gzpy {
+namespace {
+
+gz::Timeout to_timeout(std::optional<double> seconds) {
+  if (!seconds) return gz::default_timeout();
+  if (!std::isfinite(*seconds) || *seconds <= 0)
+    GZ_THROW(gz::InvalidArgument, "timeout must be a positive number of seconds, got ", *seconds);
+  return gz::Timeout(static_cast<gz::Timeout::rep>(std::ceil(*seconds * 1000.0)));
+}
+
+// A Store whose operations call a Python object with torch.distributed.Store's
+// methods: set(key, bytes), get(key) -> bytes, wait(keys, timedelta), add(key, int),
+// check(keys) -> bool.
+// Python exceptions (torch's store timeout among them) become IoError.
+class PyStore final : public gz::Store {
+ public:
+  PyStore(nb::object store, gz::Timeout timeout) : Store(timeout), store_(std::move(store)) {}
+  ~PyStore() override {
+    if (!Py_IsInitialized()) {
+      store_.release();  // the interpreter is gone: leak rather than touch it
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    store_.reset();
+  }
+
+ protected:
+  void do_set(const std::string& key, std::string_view value) override {
+    call("set", key, [&] { store_.attr("set")(key, nb::bytes(value.data(), value.size())); });
+  }
+  std::string do_get(const std::string& key) override {
+    std::string out;
+    call("get", key, [&] {
+      nb::object v = store_.attr("get")(key);
+      if (nb::isinstance<nb::bytes>(v)) {
+        nb::bytes b = nb::borrow<nb::bytes>(v);
+        out.assign(static_cast<const char*>(b.data()), b.size());
+      } else {
+        out = nb::cast<std::string>(v);
+      }
+    });
+    return out;
+  }
+  void do_wait(const std::vector<std::string>& keys, gz::Timeout timeout) override {
+    call("wait", gz::join_keys(keys), [&] {
+      nb::list list;
+      for (const auto& k : keys) list.append(nb::str(k.data(), k.size()));
+      if (timeout.count() <= 0) {
+        // "Has it arrived?": torch's wait() treats a zero timeout as already expired.
+        if (!nb::cast<bool>(store_.attr("check")(list)))
+          GZ_THROW(gz::IoError, "rendezvous store: keys not set: ", gz::join_keys(keys));
+        return;
+      }
+      nb::object delta = nb::module_::import_("datetime").attr("timedelta")(
+          nb::arg("milliseconds") = static_cast<double>(timeout.count()));
+      store_.attr("wait")(list, delta);
+    });
+  }
+  std::int64_t do_add(const std::string& key, std::int64_t delta) override {
+    std::int64_t out = 0;
+    call("add", key, [&] { out = nb::cast<std::int64_t>(store_.attr("add")(key, delta)); });
+    return out;
+  }
+
+ private:
+  template <class F>
+  void call(const char* op, const std::string& what, F&& f) {
+    nb::gil_scoped_acquire gil;
+    try {
+      f();
+    } catch (nb::python_error& e) {
+      GZ_THROW(gz::IoError, "rendezvous store ", op, "(", what, ") failed: ", e.what());
+    } catch (const nb::cast_error&) {
+      GZ_THROW(gz::IoError, "rendezvous store ", op, "(", what, ") returned an unexpected type");
+    }
+  }
+
+  nb::object store_;
+};
+
+// A communicator shared with Python, and the lock that keeps its calls one at a time.
+struct CommHandle {
+  std::unique_ptr<gz::Communicator> comm;
+  std::mutex mutex;
+
+  CommHandle() = default;
+  CommHandle(const CommHandle&) = delete;
+  CommHandle& operator=(const CommHandle&) = delete;
+  ~CommHandle() {
+    // The destructor's closing barrier may wait on peers (and on the Python
+    // store): not while holding the GIL.
+    if (comm && Py_IsInitialized() && PyGILState_Check()) {
+      nb::gil_scoped_release release;
+      comm.reset();
+    }
+  }
+
+  gz::Communicator& get() {
+    if (!comm) GZ_THROW(gz::InvalidArgument, "this communicator is closed");
+    return *comm;
+  }
+};
+
+gz::CommunicatorOptions make_options(std::optional<double> timeout_s, const std::string& prefix, int cuda_device) {
+  gz::CommunicatorOptions o;
+  o.timeout = to_timeout(timeout_s);
+  o.prefix = prefix;
+  o.cuda_device = cuda_device;
+  return o;
+}
+
+std::unique_ptr<CommHandle> from_env(std::string_view transport, std::optional<double> timeout_s,
+                                     const std::string& prefix, int cuda_device) {
+  const gz::TransportKind kind = gz::parse_transport_kind(transport);
+  const gz::CommunicatorOptions options = make_options(timeout_s, prefix, cuda_device);
+  auto h = std::make_unique<CommHandle>();
+  nb::gil_scoped_release release;
+  h->comm = gz::Communicator::from_env(kind, options);
+  return h;
+}
+
+std::unique_ptr<CommHandle> from_store(nb::object store, int rank, int world_size, std::string_view transport,
+                                       std::optional<double> timeout_s, const std::string& prefix, int cuda_device) {
+  const gz::TransportKind kind = gz::parse_transport_kind(transport);
+  if (!gz::transport_available(kind))
+    GZ_THROW(gz::InvalidArgument, "this build of gradzip has no ", gz::to_string(kind), " transport");
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    GZ_THROW(gz::InvalidArgument, "rank ", rank, " is not in [0, ", world_size, ")");
+  for (const char* m : {"set", "get", "wait", "add", "check"})
+    if (!nb::hasattr(store, m))
+      GZ_THROW(gz::InvalidArgument, "store has no ", m, "() method; pass a torch.distributed.Store "
+               "(or an object with its set/get/wait/add/check)");
+  const gz::CommunicatorOptions options = make_options(timeout_s, prefix, cuda_device);
+  auto py = std::make_shared<PyStore>(std::move(store), options.timeout);
+  auto h = std::make_unique<CommHandle>();
+  nb::gil_scoped_release release;
+  auto prefixed = std::make_shared<gz::PrefixStore>(options.prefix, py);
+  std::unique_ptr<gz::Transport> t;
+#if GZ_HAVE_UCX
+  if (kind == gz::TransportKind::Ucx)
+    t = std::make_unique<gz::UcxTransport>(*prefixed, rank, world_size, options.timeout);
+#endif
+#if GZ_HAVE_NCCL
+  if (kind == gz::TransportKind::Nccl) {
+    int device = cuda_device;
+    if (device < 0) device = rank % std::max(1, gz::NcclTransport::device_count());
+    t = std::make_unique<gz::NcclTransport>(*prefixed, rank, world_size, device, options.timeout);
+  }
+#endif
+  h->comm = std::make_unique<gz::Communicator>(std::move(prefixed), std::move(t), options);
+  return h;
+}
+
+nb::dict stats_dict(const gz::AllreduceStats& s) {
+  nb::dict d;
+  d["algorithm"] = gz::to_string(s.algorithm);
+  d["encode_s"] = s.encode_s;
+  d["comm_s"] = s.comm_s;
+  d["decode_s"] = s.decode_s;
+  d["total_s"] = s.total_s;
+  d["wire_bytes"] = s.wire_bytes;
+  d["agreed"] = s.agreed;
+  return d;
+}
+
+nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+                   std::string_view op, std::string_view algorithm, std::uintptr_t stream,
+                   std::optional<double> timeout_s) {
+  gz::Communicator& comm = h.get();
+  const Span b = check_array(buffer, Elem::F32, "tensor");
+  if (b.place.device == gz::Device::Cpu && stream != 0)
+    GZ_THROW(gz::InvalidArgument, "a stream was given but tensor is a host array");
+  gz::AllreduceStats stats;
+  gz::AllreduceCall call;
+  call.op = gz::parse_reduce_op(op);
+  call.algorithm = gz::parse_algorithm(algorithm);
+  call.device = b.place.device;
+  call.stream = reinterpret_cast<gz::Stream>(stream);
+  if (timeout_s) call.timeout = to_timeout(timeout_s);
+  call.stats = &stats;
+  {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(h.mutex);
+    std::lock_guard<std::mutex> codec_lock(codec.mutex());
+    comm.allreduce(static_cast<float*>(b.data), b.count, codec.codec(), state, call);
+  }
+  return stats_dict(stats);
+}
+
+nb::object layout(const gz::AllreduceState& s) {
+  if (!s.layout()) return nb::none();
+  const auto& l = *s.layout();
+  nb::dict d;
+  d["codec"] = l.codec;
+  d["n"] = l.n;
+  d["rank"] = l.rank;
+  d["world_size"] = l.world;
+  d["algorithm"] = gz::to_string(l.algorithm);
+  return d;
+}
+
+}  // namespace
+
+void bind_comm(nb::module_& m) {
+  nb::class_<gz::AllreduceState>(
+      m, "AllreduceState",
+      "Error-feedback state of one buffer for Communicator.allreduce: the worker residual and, for\n"
+      "scatter_reduce, the server residual of this rank's chunk. Created empty; the first allreduce\n"
+      "binds it to that call's codec, size, rank, world size and algorithm.")
+      .def(nb::init<>())
+      .def("save", [](const gz::AllreduceState& s) {
+             const std::string bytes = s.save();
+             return nb::bytes(bytes.data(), bytes.size());
+           },
+           "Serialises layout and residuals (copied from the device if needed). Raises InvalidArgument\n"
+           "for a state that was never used or restored.")
+      .def("restore", [](gz::AllreduceState& s, nb::bytes data) {
+             s.restore(std::string_view(static_cast<const char*>(data.data()), data.size()));
+           },
+           nb::arg("data"),
+           "Loads what save() returned; the next allreduce continues bit-identically. Raises\n"
+           "InvalidArgument for malformed data or a state bound to another layout.")
+      .def("reset", &gz::AllreduceState::reset, "Forgets layout and residuals: the next call starts from zeros.")
+      .def_prop_ro("bound", &gz::AllreduceState::bound, "Whether the state holds a layout (used or restored).")
+      .def_prop_ro("memory_bytes", &gz::AllreduceState::bytes, "Bytes of residual memory held.")
+      .def_prop_ro("layout", &layout, nb::sig("def layout(self) -> dict | None"),
+                   "What the state is bound to (codec, n, rank, world_size, algorithm), or None.");
+
+  nb::class_<CommHandle>(m, "Communicator",
+                         "gradzip's communicator (raw binding; use gradzip.Communicator).")
+      .def_static("from_env", &from_env, nb::arg("transport") = "ucx", nb::arg("timeout") = nb::none(),
+                  nb::arg("prefix") = "gradzip", nb::arg("cuda_device") = -1,
+                  "Rendezvous from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (rank 0 hosts the store).")
+      .def_static("from_store", &from_store, nb::arg("store"), nb::arg("rank"), nb::arg("world_size"),
+                  nb::arg("transport") = "ucx", nb::arg("timeout") = nb::none(), nb::arg("prefix") = "gradzip",
+                  nb::arg("cuda_device") = -1,
+                  nb::sig("def from_store(store: object, rank: int, world_size: int, transport: str = 'ucx', "
+                          "timeout: float | None = None, prefix: str = 'gradzip', cuda_device: int = -1) "
+                          "-> Communicator"),
+                  "Rendezvous through an existing store (a torch.distributed.Store).")
+      .def_prop_ro("rank", [](CommHandle& h) { return h.get().rank(); })
+      .def_prop_ro("size", [](CommHandle& h) { return h.get().size(); })
+      .def_prop_ro("transport", [](CommHandle& h) { return std::string(h.get().transport().name()); })
+      .def_prop_ro("workspace_bytes", [](CommHandle& h) { return h.get().workspace_bytes(); })
+      .def_prop_ro("broken", [](CommHandle& h) { return h.get().broken(); })
+      .def_prop_ro("closed", [](CommHandle& h) { return !h.comm; })
+      .def("allreduce", &allreduce, nb::arg("tensor").noconvert(), nb::arg("codec"), nb::arg("state"),
+           nb::kw_only(), nb::arg("op") = "avg", nb::arg("algorithm") = "auto", nb::arg("stream") = 0,
+           nb::arg("timeout") = nb::none(),
+           nb::sig("def allreduce(self, tensor: object, codec: Codec, state: AllreduceState, *, op: str = 'avg', "
+                   "algorithm: str = 'auto', stream: int = 0, timeout: float | None = None) -> dict"),
+           "In place: tensor = sum or average over ranks, sent compressed; returns the call's stats.")
+      .def("barrier", [](CommHandle& h) {
+             gz::Communicator& c = h.get();
+             nb::gil_scoped_release release;
+             std::lock_guard<std::mutex> lock(h.mutex);
+             c.barrier();
+           })
+      .def("close", [](CommHandle& h) {
+             nb::gil_scoped_release release;
+             std::lock_guard<std::mutex> lock(h.mutex);
+             h.comm.reset();  // the destructor waits (briefly) for every rank
+           },
+           "Releases the transport; waits up to 10 s for the other ranks to close too.");
+
+  m.def("transport_available", [](std::string_view t) { return gz::transport_available(gz::parse_transport_kind(t)); },
+        nb::arg("transport"), "Whether this build has the transport ('ucx' or 'nccl').");
+}
+
+}  // namespace gzpy
