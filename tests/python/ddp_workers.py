@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import gradzip
 from gradzip.torch import CompressionState, compression_hook
 
 # Small buckets (about 1300 floats) so the model spans several of them.
@@ -140,6 +141,25 @@ def hook_suite(rank: int, world: int, steps: int = 6) -> Dict[str, Any]:
         first.restore(blob)
         first.train(steps)
         out[f"resume_same/{codec}"] = torch.equal(whole.flat(), first.flat())
+
+    # transport="gradzip": gradzip's communicator (UCX) instead of torch's all_gather.
+    if gradzip.BUILD["ucx"]:
+        for codec, algorithm in (("onebit", "scatter_reduce"), ("topk:density=0.01", "auto"), ("fp16", "allgather")):
+            run = Run(codec, transport="gradzip", algorithm=algorithm)
+            run.train(steps)
+            flat = run.flat()
+            out[f"gz/identical/{codec}"] = same_on_all_ranks(flat)
+            out[f"gz/drift/{codec}"] = float((flat - reference).norm() / reference.norm())
+            out[f"gz/stats/{codec}"] = run.state.compression_stats()
+        whole = Run("onebit", transport="gradzip")
+        whole.train(2 * steps)
+        first = Run("onebit", transport="gradzip")
+        first.train(steps)
+        blob = first.checkpoint()
+        resumed = Run("onebit", transport="gradzip")
+        resumed.restore(blob)
+        resumed.train(steps)
+        out["gz/resume_fresh"] = torch.equal(whole.flat(), resumed.flat())
 
     # The check has teeth: resuming without the hook's state (residuals from
     # zero) does not give the same parameters.

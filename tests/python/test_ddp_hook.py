@@ -71,3 +71,22 @@ def test_resume_from_checkpoint_is_bit_identical(suite, codec):
 
 def test_resume_without_the_hook_state_differs(suite):
     assert all(on_every_rank(suite, "resume_without_residuals_differs"))
+
+
+@pytest.mark.parametrize("codec", ["onebit", "topk:density=0.01", "fp16"])
+def test_gradzip_transport(suite, codec):
+    import gradzip
+
+    if not gradzip.BUILD["ucx"]:
+        pytest.skip("this gradzip build has no UCX transport")
+    assert all(on_every_rank(suite, f"gz/identical/{codec}"))
+    assert suite[0][f"gz/drift/{codec}"] < (1e-4 if codec == "fp16" else 0.1)
+    assert suite[0][f"gz/stats/{codec}"]["wire_bytes_per_step"] > 0
+
+
+def test_gradzip_transport_resumes_bit_identically(suite):
+    import gradzip
+
+    if not gradzip.BUILD["ucx"]:
+        pytest.skip("this gradzip build has no UCX transport")
+    assert all(on_every_rank(suite, "gz/resume_fresh"))

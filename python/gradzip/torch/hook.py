@@ -214,8 +214,10 @@ class CompressionState:
         if not held or not self.codec.error_feedback:
             return ef
         if self.transport == "gradzip":
-            logger.warning(
-                "gradzip DDP hook: DDP changed its buckets; the gradzip transport's error feedback of "
+            # Its residuals (worker and server) live in C++ per bucket and cannot
+            # be split by parameter. Expected once: after DDP's provisional first step.
+            log = logger.info if self._step <= 1 else logger.warning
+            log("gradzip DDP hook: DDP changed its buckets; the gradzip transport's error feedback of "
                 "the affected buckets restarts from zero")
             return ef
         like = next(src.residual for src, _, _ in held if src.residual is not None)
