@@ -43,3 +43,44 @@ gz_build() {
         ${GZ_CMAKE_ARGS:-}
   cmake --build "$GZ_BUILD_DIR" -j "$GZ_JOBS"
 }
+
+# --- Python package (gradzip, gradzip.torch) ---------------------------------
+# A virtual environment in $GZ_BUILD_DIR/venv that sees the interpreter's own
+# packages (an installed torch is reused, not downloaded again), the Python
+# test dependencies where missing, then `pip install .` of gradzip (the same
+# CMake project through scikit-build-core; incremental in
+# $GZ_BUILD_DIR/python-wheel). Exports GZ_PYTHON, the venv's interpreter.
+#   GZ_BASE_PYTHON  interpreter to build the venv from (default: python3)
+gz_python() {
+  local base="${GZ_BASE_PYTHON:-python3}" venv="$GZ_BUILD_DIR/venv"
+  if ! "$base" -c 'import ensurepip, os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' \
+       2>/dev/null; then  # Debian's python3 ships venv and the headers separately
+    gz_log "installing Debian packages: python3-venv python3-dev"
+    local sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv python3-dev python3-pip
+  fi
+  if [[ ! -x "$venv/bin/python" ]]; then
+    gz_log "creating the Python environment $venv"
+    "$base" -m venv --system-site-packages "$venv"
+  fi
+  export GZ_PYTHON="$venv/bin/python" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  # torch only when it does not import: its wheel is large.
+  if ! "$GZ_PYTHON" -c "import torch" 2>/dev/null; then
+    gz_log "installing torch (PyPI)"
+    "$GZ_PYTHON" -m pip install -q torch
+  fi
+  local need=() mod
+  for mod in numpy:numpy sklearn:scikit-learn pytest:pytest "scikit_build_core:scikit-build-core>=0.10" \
+             "nanobind:nanobind>=2.2"; do
+    "$GZ_PYTHON" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
+  done
+  if ((${#need[@]})); then
+    gz_log "installing Python packages: ${need[*]}"
+    "$GZ_PYTHON" -m pip install -q "${need[@]}"
+  fi
+  gz_log "pip install . (gradzip Python package)"
+  CMAKE_BUILD_PARALLEL_LEVEL="$GZ_JOBS" "$GZ_PYTHON" -m pip install -q --no-build-isolation --no-deps "$GZ_ROOT" \
+    -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="$GZ_WERROR"
+}

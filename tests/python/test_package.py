@@ -1,0 +1,65 @@
+"""The installed package: stubs, import order, the README's DDP example."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+import gradzip
+from dist_util import free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "ddp_hook.py"
+
+
+def test_version_matches_cmake():
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    assert re.search(r"project\(gradzip VERSION ([0-9.]+)", cmake).group(1) == gradzip.__version__
+
+
+def test_the_installed_package_is_tested():
+    # Not the sources: the installed package holds the built extension.
+    assert (pathlib.Path(gradzip.__file__).parent / "_core.pyi").exists() or pytest.fail("no stub installed")
+    assert not str(pathlib.Path(gradzip.__file__)).startswith(str(ROOT / "python"))
+
+
+def test_stub_covers_the_extension():
+    stub = (pathlib.Path(gradzip.__file__).parent / "_core.pyi").read_text()
+    assert (pathlib.Path(gradzip.__file__).parent / "py.typed").exists()
+    for name in ("class Codec", "def encode_into", "def decode_accumulate_into", "def max_payload_bytes",
+                 "class InvalidArgument", "class PayloadError", "def canonical_spec", "def payload_info"):
+        assert name in stub, name
+    if gradzip.BUILD["comm"]:
+        for name in ("class Communicator", "class AllreduceState", "def allreduce", "def from_store"):
+            assert name in stub, name
+
+
+@pytest.mark.parametrize("order", ["import gradzip; import torch", "import torch; import gradzip"])
+def test_gradzip_and_torch_import_in_either_order(order):
+    # gradzip._core and torch share the CUDA runtime and NCCL (see gradzip/_preload.py).
+    r = subprocess.run([sys.executable, "-c", order + "; print(gradzip.Codec('onebit'))"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_readme_ddp_example_runs():
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                        "--master-addr=127.0.0.1", f"--master-port={port}", str(EXAMPLE)],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ratios = re.findall(r"rank (\d): ([0-9.]+)x fewer bytes per step", r.stdout)
+    assert sorted(rank for rank, _ in ratios) == ["0", "1"], r.stdout
+    assert all(float(x) > 20 for _, x in ratios), r.stdout
+
+
+def test_readme_quotes_the_example():
+    readme = (ROOT / "README.md").read_text()
+    if "examples/ddp_hook.py" not in readme:
+        pytest.skip("README.md does not show examples/ddp_hook.py yet")
+    body = EXAMPLE.read_text().strip()
+    assert body in readme, "README.md's DDP example differs from examples/ddp_hook.py: copy the file into it"
