@@ -139,3 +139,43 @@ def test_parameters_of_another_model_are_refused():
     t.end_step()
     with pytest.raises(ValueError, match="one CompressionState per DDP model"):
         t.plan(0, params(3), 3, FakeEF)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("codec", ["none", "onebit", "topk:density=0.05,select=sample", "fp16"])
+def test_one_gpu_training_over_nccl(group, codec):
+    """CUDA buckets through NCCL (a one-rank NCCL group beside the gloo one)."""
+    try:
+        gradzip.Codec("onebit:ef=off").encode(torch.zeros(8, device="cuda"))
+    except gradzip.InvalidArgument as e:
+        if "no CUDA support" in str(e):
+            pytest.skip("this build's codecs have no CUDA path")
+        raise
+    nccl = dist.new_group(backend="nccl")
+
+    def train(hook_codec):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+        ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=nccl, bucket_cap_mb=0.25)
+        state = None
+        if hook_codec is not None:
+            state = CompressionState(codec=hook_codec, process_group=nccl)
+            ddp.register_comm_hook(state, compression_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        for _ in range(5):
+            x = torch.randn(32, 256, device="cuda", generator=g)
+            opt.zero_grad()
+            ddp(x).square().mean().backward()
+            opt.step()
+        torch.cuda.synchronize()
+        return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), state
+
+    flat, state = train(codec)
+    assert flat.is_cuda and torch.isfinite(flat).all()
+    assert state.step == 5
+    if codec == "none":
+        plain, _ = train(None)
+        assert torch.equal(flat, plain)
+    else:
+        assert state.compression_stats()["ratio"] > 1.5

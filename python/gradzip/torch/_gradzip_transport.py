@@ -41,6 +41,14 @@ class _Worker:
     def __init__(self) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradzip-hook")
         self.lock = threading.Lock()  # guards the state's byte counts
+        self._streams: dict = {}
+
+    def stream(self, device: torch.device) -> "torch.cuda.Stream":
+        """The worker's CUDA stream on `device` (used from the worker thread only)."""
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = torch.cuda.Stream(device)
+        return s
 
     def submit(self, job: Any) -> None:
         self._pool.submit(job)
@@ -62,7 +70,7 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor) -> torch.futu
     def job() -> None:
         try:
             if cuda:
-                stream = torch.cuda.Stream(buffer.device)
+                stream = worker.stream(buffer.device)
                 stream.wait_event(ready)
                 ctx: Any = torch.cuda.stream(stream)
             else:
