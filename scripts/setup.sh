@@ -45,12 +45,13 @@ gz_build() {
 }
 
 # --- Python package (gradzip, gradzip.torch) ---------------------------------
-# A virtual environment in $GZ_BUILD_DIR/venv that sees the interpreter's own
-# packages (an installed torch is reused, not downloaded again), the Python
-# test dependencies where missing, then `pip install .` of gradzip (the same
-# CMake project through scikit-build-core; incremental in
-# $GZ_BUILD_DIR/python-wheel). Exports GZ_PYTHON, the venv's interpreter.
-#   GZ_BASE_PYTHON  interpreter to build the venv from (default: python3)
+# The interpreter to test with: python3 itself when it already runs in a
+# virtual environment, else a venv in $GZ_BUILD_DIR/venv that sees the
+# interpreter's own packages (an installed torch is reused, not downloaded
+# again). Then the Python test dependencies where missing, and `pip install .`
+# of gradzip (the same CMake project through scikit-build-core; incremental
+# in $GZ_BUILD_DIR/python-wheel). Exports GZ_PYTHON.
+#   GZ_BASE_PYTHON  interpreter to start from (default: python3)
 gz_python() {
   local base="${GZ_BASE_PYTHON:-python3}" venv="$GZ_BUILD_DIR/venv"
   if ! "$base" -c 'import ensurepip, os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' \
@@ -61,11 +62,16 @@ gz_python() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv python3-dev python3-pip
   fi
-  if [[ ! -x "$venv/bin/python" ]]; then
-    gz_log "creating the Python environment $venv"
-    "$base" -m venv --system-site-packages "$venv"
+  if "$base" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+    GZ_PYTHON="$(command -v "$base")"  # a venv already: a nested one would not see its packages
+  else
+    if [[ ! -x "$venv/bin/python" ]]; then
+      gz_log "creating the Python environment $venv"
+      "$base" -m venv --system-site-packages "$venv"
+    fi
+    GZ_PYTHON="$venv/bin/python"
   fi
-  export GZ_PYTHON="$venv/bin/python" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  export GZ_PYTHON PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
   # torch only when it does not import: its wheel is large.
   if ! "$GZ_PYTHON" -c "import torch" 2>/dev/null; then
     gz_log "installing torch (PyPI)"
