@@ -13,7 +13,7 @@ namespace gz::kernels {
 /// The inf/NaN still travels in the payload so loss scalers see it.
 GZ_HD float ef_residual(float v, float sent) {
   const float r = v - sent;
-  return is_nonfinite(r) ? 0.0f : r;
+  return keep_if(!is_nonfinite(r), r);
 }
 
 }  // namespace gz::kernels

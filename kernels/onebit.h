@@ -42,9 +42,9 @@ struct OnebitPartial {
   GZ_HD void add(float v) {
     const bool neg = onebit_is_negative(v);
     const double x = static_cast<double>(v);
-    pos_sum += neg ? 0.0 : x;
-    neg_sum += neg ? x : 0.0;
-    neg_count += neg ? 1u : 0u;
+    pos_sum += keep_if(!neg, x);
+    neg_sum += keep_if(neg, x);
+    neg_count += static_cast<std::uint32_t>(neg);
   }
   GZ_HD void merge(const OnebitPartial& o) {
     pos_sum += o.pos_sum;
@@ -63,7 +63,7 @@ GZ_HD OnebitScales onebit_scales(const OnebitPartial& total, std::uint32_t len) 
 }
 
 /// The value an element decodes to.
-GZ_HD float onebit_value(bool negative, OnebitScales s) { return negative ? s.neg : s.pos; }
+GZ_HD float onebit_value(bool negative, OnebitScales s) { return select(negative, s.neg, s.pos); }
 
 /// Number of blocks and of 32-bit sign words for n elements.
 GZ_HD std::uint64_t onebit_blocks(std::uint64_t n, std::uint32_t block) { return (n + block - 1) / block; }

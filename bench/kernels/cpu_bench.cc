@@ -1,0 +1,120 @@
+// CPU benchmarks: encode/<codec>/<n>, decode/<codec>/<n>, copy/<n>,
+// topk_select/<n>/<k>, nth_element/<n>/<k>. One thread each.
+//
+// Bytes moved (for GB/s) count each array read or written once:
+//   copy        4n read + 4n written
+//   encode      g and r read, r written, payload written (EF on)
+//   decode      payload read, out read and written
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "bench_util.h"
+#include "compressors/codec.h"
+#include "kernels/cpu.h"
+
+namespace gz::bench {
+namespace {
+
+void bm_copy(benchmark::State& state, std::size_t n) {
+  const auto src = random_normal(n, 1);
+  std::vector<float> dst(n);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), n * sizeof(float));
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, n, 8 * n);
+}
+
+struct Buffers {
+  std::unique_ptr<Codec> codec;
+  std::vector<float> g, r, out;
+  std::vector<std::uint64_t> payload;
+  std::vector<std::byte> ws;
+  std::size_t bytes = 0;
+  ExecContext ctx;
+
+  Buffers(const char* spec, std::size_t n) : codec(make_codec(spec)) {
+    g = random_normal(n, 2);
+    r = random_normal(n, 3, 0.01f);
+    out.assign(n, 0.0f);
+    payload.assign(codec->max_payload_bytes(n) / 8 + 1, 0);
+    ws.resize(codec->workspace_bytes(n, Device::Cpu));
+    ctx.workspace = ws.data();
+    ctx.workspace_bytes = ws.size();
+  }
+  std::byte* p() { return reinterpret_cast<std::byte*>(payload.data()); }
+  std::size_t encode() {
+    return bytes = codec->encode(g.data(), r.data(), g.size(), p(), payload.size() * 8, ctx);
+  }
+};
+
+void bm_encode(benchmark::State& state, const char* spec, std::size_t n) {
+  Buffers b(spec, n);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(b.encode());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, n, 12 * n + b.bytes);
+}
+
+void bm_decode(benchmark::State& state, const char* spec, std::size_t n) {
+  Buffers b(spec, n);
+  b.encode();
+  for (auto _ : state) {
+    b.codec->decode_accumulate(b.p(), b.bytes, b.out.data(), n, b.ctx);
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, n, 8 * n + b.bytes);
+}
+
+// Selection + compaction of the k largest |v| (no error feedback).
+void bm_topk_select(benchmark::State& state, std::size_t n, std::size_t k) {
+  const auto v = random_normal(n, 4);
+  std::vector<std::uint32_t> idx(k);
+  std::vector<float> val(k);
+  std::size_t ws_bytes = 0;
+  kernels::cpu::topk_encode(nullptr, ws_bytes, nullptr, nullptr, n, k, nullptr, nullptr);
+  std::vector<std::byte> ws(ws_bytes);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(kernels::cpu::topk_encode(ws.data(), ws_bytes, v.data(), nullptr, n, k, idx.data(), val.data()));
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, n, 4 * n);
+}
+
+// The naive baseline: copy, then std::nth_element by magnitude (no indices).
+void bm_nth_element(benchmark::State& state, std::size_t n, std::size_t k) {
+  const auto v = random_normal(n, 4);
+  std::vector<float> scratch(n);
+  for (auto _ : state) {
+    std::memcpy(scratch.data(), v.data(), n * sizeof(float));
+    std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(k - 1), scratch.end(),
+                     [](float a, float b) { return std::fabs(a) > std::fabs(b); });
+    benchmark::DoNotOptimize(scratch[k - 1]);
+  }
+  set_rates(state, n, 4 * n);
+}
+
+[[maybe_unused]] const bool registered = [] {
+  for (std::size_t n : sizes()) {
+    const std::string sn = size_name(n);
+    benchmark::RegisterBenchmark(("copy/" + sn).c_str(), bm_copy, n)->Unit(benchmark::kMillisecond);
+    for (const BenchCodec& c : bench_codecs()) {
+      benchmark::RegisterBenchmark(("encode/" + std::string(c.name) + "/" + sn).c_str(), bm_encode, c.spec, n)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("decode/" + std::string(c.name) + "/" + sn).c_str(), bm_decode, c.spec, n)
+          ->Unit(benchmark::kMillisecond);
+    }
+    const std::size_t k = kernels::topk_k_for_density(n, 0.01);
+    const std::string sk = std::to_string(k);
+    benchmark::RegisterBenchmark(("topk_select/" + sn + "/" + sk).c_str(), bm_topk_select, n, k)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("nth_element/" + sn + "/" + sk).c_str(), bm_nth_element, n, k)
+        ->Unit(benchmark::kMillisecond);
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace gz::bench

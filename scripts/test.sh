@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Every test: set up, build with warnings as errors, run ctest, then fuzz the
+# payload decoders for a bounded time with clang's libFuzzer + sanitizers.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+export GZ_WERROR=ON
+gz_apt_deps
+gz_build
+gz_log "ctest"
+ctest --test-dir "$GZ_BUILD_DIR" --output-on-failure -j "$GZ_JOBS" --timeout 600
+
+gz_log "fuzzing the decoders (libFuzzer, ASan, UBSan)"
+CXX=clang++ cmake -S "$GZ_ROOT" -B "$GZ_ROOT/build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DGRADZIP_FUZZ=ON -DGRADZIP_CUDA=OFF -DGRADZIP_UCX=OFF -DGRADZIP_BUILD_BENCH=OFF -DGRADZIP_WERROR=ON >/dev/null
+cmake --build "$GZ_ROOT/build-fuzz" -j "$GZ_JOBS"
+ctest --test-dir "$GZ_ROOT/build-fuzz" --output-on-failure
+
+gz_log "all tests passed"

@@ -1,0 +1,122 @@
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "compressors/spec.h"
+
+namespace gz {
+namespace {
+
+std::string error_of(std::string_view spec) {
+  try {
+    parse_spec(spec);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Spec, ParsesEveryCodecWithDefaults) {
+  EXPECT_EQ(parse_spec("none").id, CodecId::None);
+  EXPECT_FALSE(parse_spec("none").ef);
+  EXPECT_EQ(parse_spec("fp16").id, CodecId::Fp16);
+  EXPECT_TRUE(parse_spec("fp16").ef);
+  EXPECT_EQ(parse_spec("bf16").id, CodecId::Bf16);
+  const CodecConfig ob = parse_spec("onebit");
+  EXPECT_EQ(ob.id, CodecId::OneBit);
+  EXPECT_EQ(ob.block, 512u);
+  const CodecConfig tk = parse_spec("topk");
+  EXPECT_EQ(tk.id, CodecId::TopK);
+  EXPECT_DOUBLE_EQ(tk.density, 0.01);
+  EXPECT_EQ(tk.k, 0u);
+  EXPECT_EQ(tk.select, TopkSelect::Exact);
+}
+
+TEST(Spec, ParsesKeys) {
+  const CodecConfig c = parse_spec(" topk : density=0.25, select=sample ,ef=off ");
+  EXPECT_DOUBLE_EQ(c.density, 0.25);
+  EXPECT_EQ(c.select, TopkSelect::Sample);
+  EXPECT_FALSE(c.ef);
+  EXPECT_EQ(parse_spec("topk:k=100").k, 100u);
+  EXPECT_EQ(parse_spec("onebit:block=1").block, 1u);
+  EXPECT_FALSE(parse_spec("fp16:ef=false").ef);
+}
+
+TEST(Spec, CanonicalRoundTrips) {
+  for (const char* s : {"none", "fp16", "bf16:ef=off", "onebit:block=256", "onebit:block=512,ef=off",
+                        "topk:density=0.001", "topk:k=5,select=sample", "topk:density=0.5,ef=off"}) {
+    const CodecConfig c = parse_spec(s);
+    EXPECT_EQ(c.canonical(), s);
+    EXPECT_EQ(parse_spec(c.canonical()), c) << s;
+  }
+  EXPECT_EQ(parse_spec("onebit").canonical(), "onebit:block=512");
+  EXPECT_EQ(parse_spec("topk").canonical(), "topk:density=0.01");
+}
+
+TEST(Spec, UnknownCodecListsValidOnes) {
+  const std::string e = error_of("twobit");
+  EXPECT_NE(e.find("unknown codec 'twobit'"), std::string::npos) << e;
+  EXPECT_NE(e.find("none, fp16, bf16, onebit, topk"), std::string::npos) << e;
+}
+
+TEST(Spec, UnknownKeyListsValidKeys) {
+  const std::string e = error_of("onebit:blocks=4");
+  EXPECT_NE(e.find("unknown key 'blocks'"), std::string::npos) << e;
+  EXPECT_NE(e.find("block, ef"), std::string::npos) << e;
+  EXPECT_NE(error_of("fp16:block=4").find("valid keys: ef"), std::string::npos);
+  EXPECT_NE(error_of("topk:block=4").find("density, k, select, ef"), std::string::npos);
+}
+
+TEST(Spec, RejectsOutOfRangeValues) {
+  EXPECT_NE(error_of("topk:density=0").find("density must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(error_of("topk:density=1.5").find("density must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(error_of("topk:density=-0.1").find("density must be"), std::string::npos);
+  EXPECT_NE(error_of("topk:density=nan").find("density must be"), std::string::npos);
+  EXPECT_NE(error_of("onebit:block=0").find("block must be"), std::string::npos);
+  EXPECT_NE(error_of("topk:k=0").find("k must be >= 1"), std::string::npos);
+  EXPECT_NE(error_of("topk:density=abc").find("not a valid number"), std::string::npos);
+  EXPECT_NE(error_of("onebit:block=12x").find("not a valid number"), std::string::npos);
+  EXPECT_NE(error_of("topk:select=fast").find("exact or sample"), std::string::npos);
+  EXPECT_NE(error_of("fp16:ef=maybe").find("on or off"), std::string::npos);
+}
+
+TEST(Spec, RejectsMalformedSyntax) {
+  EXPECT_NE(error_of("topk:density").find("expected key=value"), std::string::npos);
+  EXPECT_NE(error_of("topk:").find("expected key=value"), std::string::npos);
+  EXPECT_NE(error_of("topk:density=0.1,density=0.2").find("given twice"), std::string::npos);
+  EXPECT_NE(error_of("topk:density=0.1,k=3").find("either density or k"), std::string::npos);
+  EXPECT_NE(error_of("none:ef=on").find("lossless"), std::string::npos);
+  EXPECT_NE(error_of("").find("unknown codec"), std::string::npos);
+}
+
+TEST(Spec, TopkKFromDensity) {
+  EXPECT_EQ(parse_spec("topk:density=0.01").topk_k(100), 1u);  // not 2: 0.01*100 is 1.0000000000000002
+  EXPECT_EQ(parse_spec("topk:density=0.01").topk_k(101), 2u);
+  EXPECT_EQ(parse_spec("topk:density=0.01").topk_k(1), 1u);
+  EXPECT_EQ(parse_spec("topk:density=0.01").topk_k(0), 0u);
+  EXPECT_EQ(parse_spec("topk:density=1").topk_k(77), 77u);
+  EXPECT_EQ(parse_spec("topk:k=10").topk_k(4), 4u);  // clamped to n
+  EXPECT_EQ(parse_spec("topk:density=0.001").topk_k(16u << 20), 16778u);
+  EXPECT_EQ(parse_spec("fp16").topk_k(100), 0u);
+}
+
+TEST(Spec, SplitsSpecLists) {
+  const auto v = split_spec_list("none,fp16,onebit:block=256,topk:density=0.01,ef=off,bf16");
+  ASSERT_EQ(v.size(), 5u);
+  EXPECT_EQ(v[2], "onebit:block=256");
+  EXPECT_EQ(v[3], "topk:density=0.01,ef=off");
+  EXPECT_EQ(v[4], "bf16");
+  EXPECT_EQ(split_spec_list("fp16,ef=off"), (std::vector<std::string>{"fp16:ef=off"}));
+}
+
+TEST(Spec, ExpandsGrids) {
+  const auto v = expand_spec_grid("topk:density=0.1,0.01,ef=on,off,onebit:block=256,1024,fp16");
+  const std::vector<std::string> want = {"topk:density=0.1",       "topk:density=0.1,ef=off", "topk:density=0.01",
+                                         "topk:density=0.01,ef=off", "onebit:block=256",        "onebit:block=1024",
+                                         "fp16"};
+  EXPECT_EQ(v, want);
+  EXPECT_THROW(expand_spec_grid("0.1,fp16"), InvalidArgument);
+  EXPECT_THROW(expand_spec_grid("onebit:block=0"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace gz

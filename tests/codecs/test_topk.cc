@@ -1,0 +1,198 @@
+// topk: the exact selection against a sort-based reference, over
+// distributions chosen to drive every path of the radix select (sampled
+// candidates, too few candidates, too many, small inputs), with ties, K = 0
+// and K = n; the sampled (DGC) mode against its documented bound.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/cpu.h"
+#include "test_util.h"
+
+namespace gz {
+namespace {
+
+// Indices of the k largest |v| (ties: lower index first), increasing.
+std::vector<std::uint32_t> reference_topk(const std::vector<float>& v, std::size_t k) {
+  std::vector<std::uint32_t> order(v.size());
+  std::iota(order.begin(), order.end(), 0u);
+  auto key = [&](std::uint32_t i) { return kernels::topk_key(v[i]); };
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) { return key(a) > key(b); });
+  order.resize(std::min(k, v.size()));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+struct Result {
+  std::vector<std::uint32_t> idx;
+  std::vector<float> val;
+};
+
+Result run_topk(const std::vector<float>& g, std::vector<float>* r, std::size_t k, bool sampled = false) {
+  const std::size_t n = g.size();
+  std::size_t ws_bytes = 0;
+  kernels::cpu::topk_encode(nullptr, ws_bytes, nullptr, nullptr, n, k, nullptr, nullptr);
+  std::vector<std::byte> ws(ws_bytes);
+  const std::size_t cap = sampled ? kernels::cpu::topk_sampled_max(k) + 1 : k + 1;
+  Result res{std::vector<std::uint32_t>(std::min(cap, n + 1)), std::vector<float>(std::min(cap, n + 1))};
+  float* rp = r ? r->data() : nullptr;
+  const std::size_t c = sampled ? kernels::cpu::topk_encode_sampled(ws.data(), ws_bytes, g.data(), rp, n, k,
+                                                                     res.idx.data(), res.val.data())
+                                : kernels::cpu::topk_encode(ws.data(), ws_bytes, g.data(), rp, n, k, res.idx.data(),
+                                                            res.val.data());
+  res.idx.resize(c);
+  res.val.resize(c);
+  return res;
+}
+
+enum class Dist { Normal, Cauchy, FewLevels, AllZero, SpikesOnSample, SpikesOffSample, Exponents };
+
+std::vector<float> make(Dist d, std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> v(n);
+  switch (d) {
+    case Dist::Normal:
+      return test::normal(n, seed);
+    case Dist::Cauchy: {
+      std::cauchy_distribution<float> c;
+      for (auto& x : v) x = c(rng);
+      return v;
+    }
+    case Dist::FewLevels: {  // massive ties
+      std::uniform_int_distribution<int> u(-2, 2);
+      for (auto& x : v) x = static_cast<float>(u(rng));
+      return v;
+    }
+    case Dist::AllZero:
+      return v;
+    case Dist::SpikesOnSample:  // the sample sees spikes the rest of the data lacks
+      v = test::normal(n, seed);
+      for (std::size_t j = 0; j < 16384 && n >= 65536; ++j) v[j * n / 16384] = 100.0f + static_cast<float>(j);
+      return v;
+    case Dist::SpikesOffSample:  // the largest values hide between sampled positions
+      v = test::normal(n, seed, 1e-3f);
+      for (std::size_t j = 0; j + 1 < n; j += 97) v[j + 1] = (j % 2 ? 1.0f : -1.0f) * static_cast<float>(j + 1);
+      return v;
+    case Dist::Exponents: {
+      std::uniform_int_distribution<int> e(-140, 120);
+      for (auto& x : v) x = std::ldexp(1.0f + static_cast<float>(rng() % 8) / 8.0f, e(rng)) * (rng() % 2 ? 1 : -1);
+      return v;
+    }
+  }
+  return v;
+}
+
+struct Case {
+  Dist dist;
+  std::size_t n;
+  std::size_t k;
+};
+
+class TopkExact : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TopkExact, MatchesSortReferenceWithAndWithoutFeedback) {
+  const Case c = GetParam();
+  const std::vector<float> g = make(c.dist, c.n, c.n * 31 + c.k);
+  const auto want = reference_topk(g, c.k);
+
+  const Result plain = run_topk(g, nullptr, c.k);
+  ASSERT_EQ(plain.idx, want);
+  for (std::size_t j = 0; j < plain.idx.size(); ++j) ASSERT_TRUE(test::same_float(plain.val[j], g[plain.idx[j]]));
+
+  std::vector<float> r0 = test::normal(c.n, 77, 0.5f);
+  std::vector<float> r = r0;
+  const Result fed = run_topk(g, &r, c.k);
+  std::vector<float> v(c.n);
+  for (std::size_t i = 0; i < c.n; ++i) v[i] = g[i] + r0[i];
+  ASSERT_EQ(fed.idx, reference_topk(v, c.k));
+  std::vector<bool> sent(c.n, false);
+  for (std::size_t j = 0; j < fed.idx.size(); ++j) {
+    sent[fed.idx[j]] = true;
+    ASSERT_TRUE(test::same_float(fed.val[j], v[fed.idx[j]]));
+  }
+  for (std::size_t i = 0; i < c.n; ++i) ASSERT_TRUE(test::same_float(r[i], sent[i] ? 0.0f : v[i])) << i;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (Dist d : {Dist::Normal, Dist::Cauchy, Dist::FewLevels, Dist::AllZero, Dist::Exponents}) {
+    for (std::size_t n : {0u, 1u, 2u, 31u, 1000u}) {
+      for (std::size_t k : {std::size_t{0}, std::size_t{1}, n / 2, n - (n > 0), n, n + 3}) out.push_back({d, n, k});
+    }
+    for (std::size_t k : {1u, 10u, 2621u, 40000u, 262143u}) out.push_back({d, 262144, k});
+  }
+  for (std::size_t k : {100u, 2000u, 20000u}) {
+    out.push_back({Dist::SpikesOnSample, 262144, k});
+    out.push_back({Dist::SpikesOffSample, 262144, k});
+  }
+  out.push_back({Dist::Normal, (1u << 20) + 3, 10486});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, TopkExact, ::testing::ValuesIn(cases()));
+
+TEST(Topk, TiesGoToTheLowerIndex) {
+  std::vector<float> g = {1, -3, 3, 2, -3, 3, 0};
+  EXPECT_EQ(run_topk(g, nullptr, 2).idx, (std::vector<std::uint32_t>{1, 2}));
+  EXPECT_EQ(run_topk(g, nullptr, 4).idx, (std::vector<std::uint32_t>{1, 2, 4, 5}));
+  EXPECT_EQ(run_topk(g, nullptr, 5).idx, (std::vector<std::uint32_t>{1, 2, 3, 4, 5}));
+  std::vector<float> zeros(100000, 0.0f);  // every element ties
+  const Result r = run_topk(zeros, nullptr, 1000);
+  ASSERT_EQ(r.idx.size(), 1000u);
+  for (std::uint32_t j = 0; j < 1000; ++j) ASSERT_EQ(r.idx[j], j);
+}
+
+TEST(Topk, NaNAndInfAreAlwaysSent) {
+  std::vector<float> g = test::normal(100000, 4);
+  g[500] = NAN;
+  g[70000] = -INFINITY;
+  g[99999] = std::numeric_limits<float>::max();
+  EXPECT_EQ(run_topk(g, nullptr, 3).idx, (std::vector<std::uint32_t>{500, 70000, 99999}));
+}
+
+TEST(Topk, DeterministicAcrossCalls) {
+  const auto g = make(Dist::FewLevels, 300000, 5);
+  const Result a = run_topk(g, nullptr, 3000), b = run_topk(g, nullptr, 3000);
+  EXPECT_EQ(a.idx, b.idx);
+}
+
+TEST(TopkSampled, CountWithinBoundAndSendsTheLargest) {
+  for (Dist d : {Dist::Normal, Dist::Cauchy, Dist::FewLevels, Dist::SpikesOffSample, Dist::Exponents}) {
+    for (std::size_t k : {30u, 3000u, 30000u}) {
+      const std::size_t n = 300000;
+      const auto g = make(d, n, k);
+      std::vector<float> r(n, 0.0f);
+      const Result res = run_topk(g, &r, k, true);
+      ASSERT_GE(res.idx.size(), kernels::cpu::topk_sampled_min(k));
+      ASSERT_LE(res.idx.size(), kernels::cpu::topk_sampled_max(k));
+      ASSERT_TRUE(std::is_sorted(res.idx.begin(), res.idx.end()));
+      ASSERT_EQ(std::adjacent_find(res.idx.begin(), res.idx.end()), res.idx.end());
+      // Every element sent is at least as large as every element kept back.
+      std::vector<bool> sent(n, false);
+      std::uint32_t min_sent = ~0u, max_kept = 0;
+      for (auto i : res.idx) sent[i] = true, min_sent = std::min(min_sent, kernels::topk_key(g[i]));
+      for (std::size_t i = 0; i < n; ++i)
+        if (!sent[i]) max_kept = std::max(max_kept, kernels::topk_key(g[i]));
+      ASSERT_GE(min_sent, max_kept);
+    }
+  }
+}
+
+TEST(TopkCodec, PayloadCarriesKEntries) {
+  auto codec = make_codec("topk:density=0.01");
+  const auto g = test::normal(12345, 2);
+  std::vector<float> r(g.size(), 0.0f);
+  const auto e = test::encode(*codec, g, &r);
+  EXPECT_EQ(e.bytes, 32u + 8u * 124u);
+  const auto d = test::decode(*codec, e, g.size());
+  const auto want = reference_topk(g, 124);
+  std::size_t nz = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) nz += d[i] != 0.0f;
+  EXPECT_EQ(nz, 124u);
+  for (auto i : want) EXPECT_EQ(d[i], g[i]);
+}
+
+}  // namespace
+}  // namespace gz

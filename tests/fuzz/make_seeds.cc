@@ -1,0 +1,40 @@
+// Writes one valid payload per codec and size into a directory: the seed
+// corpus of decode_fuzzer (byte 0 selects the decoder, as there).
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compressors/codec.h"
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUTPUT_DIR\n", argv[0]);
+    return 2;
+  }
+  const char* specs[] = {"none", "fp16", "bf16", "onebit:block=8", "onebit:block=512", "topk:k=5",
+                         "topk:density=0.2,select=sample"};
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d;
+  int files = 0;
+  for (unsigned c = 0; c < sizeof specs / sizeof *specs; ++c) {
+    auto codec = gz::make_codec(specs[c]);
+    for (std::size_t n : {0u, 1u, 7u, 33u, 100u, 600u}) {
+      std::vector<float> g(n), r(n, 0.0f);
+      for (auto& x : g) x = d(rng);
+      std::vector<std::uint64_t> p(codec->max_payload_bytes(n) / 8 + 1);
+      const std::size_t bytes =
+          codec->encode(g.data(), r.data(), n, reinterpret_cast<std::byte*>(p.data()), p.size() * 8);
+      const std::string path = std::string(argv[1]) + "/seed_" + std::to_string(c) + "_" + std::to_string(n);
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      if (!f) return 1;
+      const unsigned char sel = static_cast<unsigned char>(c);
+      std::fwrite(&sel, 1, 1, f);
+      std::fwrite(p.data(), 1, bytes, f);
+      std::fclose(f);
+      ++files;
+    }
+  }
+  std::printf("wrote %d seeds to %s\n", files, argv[1]);
+  return 0;
+}

@@ -1,0 +1,14 @@
+#include <cstdio>
+#include <vector>
+
+#include "compressors/codec.h"
+
+int main() {
+  auto codec = gz::make_codec("onebit");
+  std::vector<float> g(1000, -1.0f), r(1000, 0.0f), out(1000, 0.0f);
+  std::vector<std::byte> p(codec->max_payload_bytes(g.size()));
+  const std::size_t bytes = codec->encode(g.data(), r.data(), g.size(), p.data(), p.size());
+  codec->decode_accumulate(p.data(), bytes, out.data(), out.size());
+  std::printf("consumer: %s sent %zu bytes, out[0] = %g\n", codec->spec().c_str(), bytes, out[0]);
+  return out[0] == -1.0f ? 0 : 1;
+}
