@@ -198,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, CudaPayloadValidation,
 TEST(CudaPayloadStatus, ValidPayloadsShareOneStatus) {
   GZ_REQUIRE_GPU();
   const std::size_t n = 5000;
-  auto codec = make_codec("topk:density=0.1");
+  auto codec = make_codec("topk:density=0.1,ef=off");
   DeviceBuffer<PayloadStatus> status(1);
   status.fill_bytes(0);
   ExecContext ctx{Device::Cuda, nullptr};
@@ -213,7 +213,7 @@ TEST(CudaPayloadStatus, ValidPayloadsShareOneStatus) {
     const std::size_t bytes = codec->encode(dg.get(), nullptr, n, payload.get(), payload.size(), {Device::Cuda});
     codec->decode_accumulate(payload.get(), bytes, out.get(), n, ctx);
     const auto host = payload.download(bytes);
-    make_codec("topk:density=0.1")->decode_accumulate(host.data(), bytes, want.data(), n);
+    make_codec("topk:density=0.1,ef=off")->decode_accumulate(host.data(), bytes, want.data(), n);
   }
   EXPECT_NO_THROW(check_payload_status(status.get(), nullptr));
   const auto got = out.download();
