@@ -90,7 +90,7 @@ def main():
             for b in json.load(f)["benchmarks"]:
                 if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
                     continue
-                name = b["name"].replace("/manual_time", "")
+                name = b.get("run_name", b["name"]).replace("/manual_time", "")
                 unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
                 gz[name] = b["real_time"] * unit  # ms
 
