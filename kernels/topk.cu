@@ -39,11 +39,9 @@ namespace {
 
 using namespace detail;
 
-// Small blocks: a tile's scan and look-back leave its block without loads in
-// flight, so more (and smaller) tiles per SM keep the memory busy.
-constexpr int kTileThreads = 128;
+constexpr int kTileThreads = 256;
 constexpr int kTileItems = 16;
-constexpr unsigned kTile = kTileThreads * kTileItems;  // 2048 items
+constexpr unsigned kTile = kTileThreads * kTileItems;  // 4096 items
 constexpr int kSelectThreads = 1024;
 constexpr int kSampleItems = static_cast<int>(kTopkSample) / kSelectThreads;
 constexpr int kMaxBins = 2048;
@@ -68,7 +66,6 @@ struct Control {
   unsigned cut;         // of the elements at the threshold key, those with index <= cut are taken
   unsigned filter_tiles;
   unsigned emit_tiles;
-  unsigned hist_done[6];  // blocks of each histogram launch that have flushed (last one selects)
 };
 
 // Digit D of the composite key: D < 3 over the key (kernels/topk.h), else over ~index.
@@ -122,12 +119,11 @@ struct BinChoice {
 };
 
 // The bin holding the `remaining`-th largest item, scanning from the top as
-// radix_threshold does in topk_cpu.cc; count_at(b) is bin b's count. All
-// kBlock threads of the block call it.
-template <unsigned kBins, int kBlock, class CountAt>
-__device__ BinChoice select_bin(CountAt count_at, unsigned remaining) {
-  using Scan = cub::BlockScan<unsigned, kBlock>;
-  constexpr int kPer = (kBins + kBlock - 1) / kBlock;
+// radix_threshold does in topk_cpu.cc. All kSelectThreads threads call it.
+template <unsigned kBins>
+__device__ BinChoice select_bin(const unsigned* hist, unsigned remaining) {
+  using Scan = cub::BlockScan<unsigned, kSelectThreads>;
+  constexpr int kPer = (kBins + kSelectThreads - 1) / kSelectThreads;
   __shared__ typename Scan::TempStorage temp;
   __shared__ BinChoice choice;
   unsigned count[kPer];
@@ -135,12 +131,12 @@ __device__ BinChoice select_bin(CountAt count_at, unsigned remaining) {
 #pragma unroll
   for (int q = 0; q < kPer; ++q) {
     const unsigned p = threadIdx.x * kPer + q;  // position counted from the top bin
-    count[q] = p < kBins ? count_at(kBins - 1 - p) : 0u;
+    count[q] = p < kBins ? hist[kBins - 1 - p] : 0u;
     sum += count[q];
   }
   unsigned before = 0, total = 0;
   Scan(temp).ExclusiveSum(sum, before, total);
-  if (threadIdx.x == 0) choice = BinChoice{0, total - count_at(0)};  // fewer than `remaining`: bin 0, as on the CPU
+  if (threadIdx.x == 0) choice = BinChoice{0, total - hist[0]};  // fewer than `remaining`: bin 0, as on the CPU
   __syncthreads();
 #pragma unroll
   for (int q = 0; q < kPer; ++q) {
@@ -204,31 +200,26 @@ __device__ unsigned lookback(unsigned long long* state, unsigned tile, unsigned 
 
 // Block-wide ordered compaction of one tile: each thread passes the bit mask of
 // its selected items; returns the output position of the thread's first one.
-// Thread 0 also passes the block's next tile (taken while this one loaded),
-// which every thread gets back in *next. Every thread of the block calls it.
-__device__ unsigned tile_offset(unsigned long long* state, unsigned tile, unsigned mask, unsigned* total,
-                                unsigned next_in, unsigned* next) {
+// Every thread of the block calls it.
+__device__ unsigned tile_offset(unsigned long long* state, unsigned tile, unsigned mask, unsigned* total) {
   using Scan = cub::BlockScan<unsigned, kTileThreads>;
   __shared__ typename Scan::TempStorage temp;
-  __shared__ unsigned tile_prefix, next_tile;
+  __shared__ unsigned tile_prefix;
   unsigned offset = 0, aggregate = 0;
   Scan(temp).ExclusiveSum(static_cast<unsigned>(__popc(mask)), offset, aggregate);
   if (threadIdx.x < 32) {
     const unsigned prefix = lookback(state, tile, aggregate);
-    if (threadIdx.x == 0) tile_prefix = prefix, next_tile = next_in;
+    if (threadIdx.x == 0) tile_prefix = prefix;
   }
   __syncthreads();
   const unsigned prefix = tile_prefix;
-  *next = next_tile;
-  __syncthreads();  // temp, tile_prefix and next_tile are reused by the next tile
+  __syncthreads();  // temp and tile_prefix are reused by the next tile
   if (total) *total = prefix + aggregate;
   return prefix + offset;
 }
 
-// The block's first tile from the counter; all threads get the same number.
-// Tiles are taken in increasing order by running blocks, so every tile a
-// look-back waits for belongs to a block that is making progress.
-__device__ __forceinline__ unsigned first_tile(unsigned* counter) {
+// Takes the next tile from a counter; all threads get the same number.
+__device__ __forceinline__ unsigned next_tile(unsigned* counter) {
   __shared__ unsigned tile;
   if (threadIdx.x == 0) tile = atomicAdd(counter, 1u);
   __syncthreads();
@@ -315,15 +306,11 @@ __global__ void __launch_bounds__(kSelectThreads)
     using Dg = decltype(digit);
     for (unsigned b = threadIdx.x; b < Dg::kBins; b += kSelectThreads) hist[b] = 0;
     __syncthreads();
-    const unsigned lane = threadIdx.x & 31;
 #pragma unroll
-    for (int s = 0; s < kSampleItems; ++s) {  // lanes that hit the same bin add once
-      const bool match = (keys[s] & mask) == prefix;
-      const unsigned peers = __match_any_sync(kFullMask, match ? Dg::of(keys[s]) : 0xFFFFFFFFu);
-      if (match && lane == static_cast<unsigned>(__ffs(peers) - 1)) atomicAdd(&hist[Dg::of(keys[s])], __popc(peers));
-    }
+    for (int s = 0; s < kSampleItems; ++s)
+      if ((keys[s] & mask) == prefix) atomicAdd(&hist[Dg::of(keys[s])], 1u);
     __syncthreads();
-    const BinChoice c = select_bin<Dg::kBins, kSelectThreads>([&](unsigned b) { return hist[b]; }, remaining);
+    const BinChoice c = select_bin<Dg::kBins>(hist, remaining);
     remaining -= c.above;
     prefix |= c.bin << Dg::kShift;
     mask |= (Dg::kBins - 1) << Dg::kShift;
@@ -341,8 +328,7 @@ __global__ void __launch_bounds__(kTileThreads)
                   std::size_t cap, Control* ctl, unsigned long long* state, unsigned* __restrict__ cand_idx,
                   float* __restrict__ cand_val, bool vec) {
   const unsigned bound = ctl->bound;
-  for (unsigned tile = first_tile(&ctl->filter_tiles), next = 0; tile < tiles; tile = next) {
-    const unsigned fetched = threadIdx.x == 0 ? atomicAdd(&ctl->filter_tiles, 1u) : 0u;  // latency hides under the loads
+  for (unsigned tile = next_tile(&ctl->filter_tiles); tile < tiles; tile = next_tile(&ctl->filter_tiles)) {
     const std::size_t base = static_cast<std::size_t>(tile) * kTile + threadIdx.x * kTileItems;
     float v[kTileItems];
     if (vec && base + kTileItems <= n) {
@@ -371,7 +357,7 @@ __global__ void __launch_bounds__(kTileThreads)
     for (int e = 0; e < kTileItems; ++e)
       mask |= static_cast<unsigned>(base + e < n && topk_key(v[e]) >= bound) << e;
     unsigned total = 0;
-    unsigned pos = tile_offset(state, tile, mask, &total, fetched, &next);
+    unsigned pos = tile_offset(state, tile, mask, &total);
 #pragma unroll
     for (int e = 0; e < kTileItems; ++e) {
       if ((mask >> e) & 1u) {
@@ -405,45 +391,10 @@ __global__ void plan_kernel(Control* ctl, unsigned n, unsigned k, unsigned cap, 
   }
 }
 
-// Fixes digit D of the threshold from the global histogram; one block of kBlock threads.
-template <int D, int kBlock>
-__device__ void select_digit(Control* ctl, const unsigned* hist) {
-  using Dg = Digit<D>;
-  const unsigned remaining = ctl->remaining;
-  // L2 loads: the counts were added by other blocks' atomics.
-  const BinChoice c =
-      select_bin<Dg::kBins, kBlock>([&](unsigned b) { return __ldcg(&hist[D * kMaxBins + b]); }, remaining);
-  if (threadIdx.x != 0) return;
-  const unsigned left = remaining - c.above;
-  ctl->remaining = left;
-  if constexpr (Dg::kIndex) {
-    ctl->prefix_lo |= c.bin << Dg::kShift;
-    ctl->mask_lo |= (Dg::kBins - 1) << Dg::kShift;
-    if (D == kDigits - 1) ctl->cut = ~ctl->prefix_lo;
-  } else {
-    ctl->prefix_hi |= c.bin << Dg::kShift;
-    ctl->mask_hi |= (Dg::kBins - 1) << Dg::kShift;
-    if (D == kTopkDigits - 1) {
-      // hist bin = every element whose key equals the threshold; take them all, or run the index digits.
-      const unsigned equal = __ldcg(&hist[D * kMaxBins + c.bin]);
-      ctl->index_pass = left < equal ? 1u : 0u;
-      ctl->cut = 0xFFFFFFFFu;
-    }
-  }
-}
-
-// One block: fixes digit D of the threshold.
-template <int D>
-__global__ void __launch_bounds__(kSelectThreads) select_kernel(Control* ctl, const unsigned* __restrict__ hist) {
-  using Dg = Digit<D>;
-  if (ctl->path == kPathTakeAll || (Dg::kIndex && !ctl->index_pass)) return;
-  select_digit<D, kSelectThreads>(ctl, hist);
-}
-
 // Histogram of digit D over the items that match the decided prefix.
 template <int D>
 __global__ void __launch_bounds__(kTileThreads)
-    histogram_kernel(Control* ctl, const float* __restrict__ src, bool src_vec,
+    histogram_kernel(const Control* ctl, const float* __restrict__ src, bool src_vec,
                      const unsigned* __restrict__ cand_idx, const float* __restrict__ cand_val,
                      unsigned* __restrict__ hist) {
   using Dg = Digit<D>;
@@ -483,19 +434,32 @@ __global__ void __launch_bounds__(kTileThreads)
   __syncthreads();
   for (unsigned b = threadIdx.x; b < Dg::kBins; b += kTileThreads)
     if (h[b]) atomicAdd(&hist[D * kMaxBins + b], h[b]);
-#if GZ_TOPK_FUSED_SELECT
-  // The last block to flush picks the digit (no separate launch): every
-  // block's adds are made visible before it counts itself done.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&ctl->hist_done[D], 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (last) {
-    __threadfence();
-    select_digit<D, kTileThreads>(ctl, hist);
+}
+
+// One block: fixes digit D of the threshold.
+template <int D>
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(Control* ctl, const unsigned* __restrict__ hist) {
+  using Dg = Digit<D>;
+  if (ctl->path == kPathTakeAll || (Dg::kIndex && !ctl->index_pass)) return;
+  const unsigned remaining = ctl->remaining;
+  const BinChoice c = select_bin<Dg::kBins>(hist + D * kMaxBins, remaining);
+  if (threadIdx.x != 0) return;
+  const unsigned left = remaining - c.above;
+  ctl->remaining = left;
+  if constexpr (Dg::kIndex) {
+    ctl->prefix_lo |= c.bin << Dg::kShift;
+    ctl->mask_lo |= (Dg::kBins - 1) << Dg::kShift;
+    if (D == kDigits - 1) ctl->cut = ~ctl->prefix_lo;
+  } else {
+    ctl->prefix_hi |= c.bin << Dg::kShift;
+    ctl->mask_hi |= (Dg::kBins - 1) << Dg::kShift;
+    if (D == kTopkDigits - 1) {
+      // hist bin = every element whose key equals the threshold; take them all, or run the index digits.
+      const unsigned equal = hist[D * kMaxBins + c.bin];
+      ctl->index_pass = left < equal ? 1u : 0u;
+      ctl->cut = 0xFFFFFFFFu;
+    }
   }
-#endif
 }
 
 // Ordered compaction of the selected entries into the payload body.
@@ -510,8 +474,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const unsigned out_count = ctl->out_count, threshold = ctl->prefix_hi, cut = ctl->cut;
   float* values = reinterpret_cast<float*>(body + out_count);
   const std::size_t tiles = (count + kTile - 1) / kTile;
-  for (unsigned tile = first_tile(&ctl->emit_tiles), next = 0; tile < tiles; tile = next) {
-    const unsigned fetched = threadIdx.x == 0 ? atomicAdd(&ctl->emit_tiles, 1u) : 0u;
+  for (unsigned tile = next_tile(&ctl->emit_tiles); tile < tiles; tile = next_tile(&ctl->emit_tiles)) {
     const std::size_t base = static_cast<std::size_t>(tile) * kTile + threadIdx.x * kTileItems;
     Items it;
     load_items(path, src, src_vec, cand_idx, cand_val, count, base, it);
@@ -522,7 +485,7 @@ __global__ void __launch_bounds__(kTileThreads)
       const bool take = path == kPathTakeAll || key > threshold || (key == threshold && it.idx[e] <= cut);
       mask |= static_cast<unsigned>(base + e < count && take) << e;
     }
-    unsigned pos = tile_offset(state, tile, mask, nullptr, fetched, &next);
+    unsigned pos = tile_offset(state, tile, mask, nullptr);
 #pragma unroll
     for (int e = 0; e < kTileItems; ++e) {
       if ((mask >> e) & 1u) {
@@ -577,7 +540,7 @@ void launch_select(const Layout& l, const float* g, float* r, std::size_t n, std
   GZ_LAUNCH_CHECK(sample_kernel);
 
   const int sms = sm_count();
-  const unsigned tile_grid = static_cast<unsigned>(l.tiles < static_cast<std::size_t>(sms) * 16 ? l.tiles : sms * 16);
+  const unsigned tile_grid = static_cast<unsigned>(l.tiles < static_cast<std::size_t>(sms) * 8 ? l.tiles : sms * 8);
   const bool vec = aligned16(g) && (!kEf || aligned16(r));
   filter_kernel<kEf><<<tile_grid, kTileThreads, 0, stream>>>(g, r, n, l.tiles, l.cap, l.ctl, l.filter_state,
                                                              l.cand_idx, l.cand_val, vec);
@@ -592,15 +555,13 @@ void launch_select(const Layout& l, const float* g, float* r, std::size_t n, std
 
   const float* src = kEf ? r : g;  // where v lives once the filter ran
   const bool src_vec = aligned16(src);
-  const unsigned hist_grid = static_cast<unsigned>(l.tiles < static_cast<std::size_t>(sms) * 8 ? l.tiles : sms * 8);
+  const unsigned hist_grid = static_cast<unsigned>(l.tiles < static_cast<std::size_t>(sms) * 4 ? l.tiles : sms * 4);
   auto digit = [&](auto d) {
     constexpr int D = decltype(d)::value;
     histogram_kernel<D><<<hist_grid, kTileThreads, 0, stream>>>(l.ctl, src, src_vec, l.cand_idx, l.cand_val, l.hist);
     GZ_LAUNCH_CHECK(histogram_kernel);
-#if !GZ_TOPK_FUSED_SELECT
     select_kernel<D><<<1, kSelectThreads, 0, stream>>>(l.ctl, l.hist);
     GZ_LAUNCH_CHECK(select_kernel);
-#endif
   };
   digit(std::integral_constant<int, 0>{});
   digit(std::integral_constant<int, 1>{});
