@@ -7,7 +7,7 @@
 // each array the call must touch once:
 //   copy_cuda    4n read + 4n written (cudaMemcpyAsync device to device)
 //   encode_cuda  g read, payload written; with EF also r read and written
-//   decode_cuda  payload read, out read and written
+//   decode_cuda  payload read, out read and written (topk: only the sent entries)
 //   topk_cuda    v read once (4n): selection + compaction, no EF
 // For topk the count is the floor, not what the passes really move; its
 // targets are relative to torch (bench/topk_torch.py), not to copy.
@@ -19,6 +19,7 @@
 #include "bench_util.h"
 #include "common/cuda_check.h"
 #include "compressors/codec.h"
+#include "compressors/wire_format.h"
 #include "kernels/cuda.h"
 #include "kernels/topk.h"
 
@@ -162,7 +163,9 @@ void bm_decode_cuda(benchmark::State& state, const char* spec, std::size_t n) {
   t.seconds([&] { b.decode(); });
   for (auto _ : state) state.SetIterationTime(t.seconds([&] { b.decode(); }));
   check_payload_status(b.status.ptr, b.st.s);  // every decode above was valid
-  set_rates(state, n, 8 * n + b.bytes);
+  // topk touches only the sent entries of out (read + write, 8 bytes each).
+  const bool sparse = b.codec->id() == CodecId::TopK;
+  set_rates(state, n, (sparse ? b.bytes - wire::kHeaderBytes : 8 * n) + b.bytes);
 }
 
 // Selection + ordered compaction of the k largest |v| (no EF), the part
