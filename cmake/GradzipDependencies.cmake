@@ -33,13 +33,17 @@ if(NOT GRADZIP_CUDA STREQUAL "OFF")
   gz_resolve_option(GRADZIP_CUDA _cuda_found GZ_HAVE_CUDA)
   if(GZ_HAVE_CUDA)
     enable_language(CUDA)
-    if(CMAKE_VERSION VERSION_LESS 3.26 AND NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
-      # CMake < 3.26 does not know nvcc's C++20 flag (nvcc >= 12 has it).
+    # CMake 3.25 does not know nvcc's flag for the C++20 dialect (CUDA
+    # targets inherit CXX_STANDARD 20 and then fail to generate): tell it.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
       set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    # One CUDA runtime per process: the shared one (gz_common links it), also
+    # for targets with .cu files, which nvcc would otherwise link statically.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
     find_package(CUDAToolkit REQUIRED)
   endif()
 endif()

@@ -1,8 +1,10 @@
-# Fails unless README.md quotes examples/compress_gradient.cc verbatim, so the
-# example in the README is always the one the build compiles and runs.
+# Fails unless README.md quotes the examples verbatim, so the examples in the
+# README are always the ones the build compiles and runs.
 file(READ "${SOURCE_DIR}/README.md" readme)
-file(READ "${SOURCE_DIR}/examples/compress_gradient.cc" example)
-string(FIND "${readme}" "${example}" pos)
-if(pos EQUAL -1)
-  message(FATAL_ERROR "README.md does not contain examples/compress_gradient.cc verbatim: update the README's C++ example")
-endif()
+foreach(name compress_gradient.cc allreduce.cc)
+  file(READ "${SOURCE_DIR}/examples/${name}" example)
+  string(FIND "${readme}" "${example}" pos)
+  if(pos EQUAL -1)
+    message(FATAL_ERROR "README.md does not contain examples/${name} verbatim: update the README's example")
+  endif()
+endforeach()

@@ -5,6 +5,5 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 gz_apt_deps
 gz_build
-gz_log "kernel benchmark (one thread; medians of 5 repetitions)"
-"$GZ_BUILD_DIR/bin/gradzip-kernels-bench" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-  --benchmark_min_time=0.2 "$@"
+gz_log "compressed allreduce benchmark: 4 local ranks over UCX, every codec"
+"$GZ_BUILD_DIR/bin/gradzip-run" -n 4 -- "$GZ_BUILD_DIR/bin/gradzip-bench" "$@"

@@ -1,0 +1,218 @@
+#include "bench/allreduce/harness.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "comm/memory.h"
+#include "common/error.h"
+#if GZ_HAVE_NCCL
+#include "comm/nccl/nccl_transport.h"
+#endif
+
+namespace gz::bench {
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-52 - 1.0; }  // [-1, 1)
+
+// Rank r's input: noise of its own plus a component shared by all ranks
+// (constant over runs of 64 elements), so the sum has structure to keep.
+float input(int r, std::size_t i) {
+  return static_cast<float>(unit(mix((std::uint64_t(r) << 40) ^ i)) + 0.5 * unit(mix(0xB1A5ull << 40 ^ (i >> 6))));
+}
+
+std::uint64_t fingerprint(const float* p, std::size_t n) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, &p[i], 4);
+    h = (h ^ u) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+double error_bound(const CodecConfig& c) {
+  switch (c.id) {
+    case CodecId::None: return 1e-6;
+    case CodecId::Fp16: return 1e-3;
+    case CodecId::Bf16: return 8e-3;
+    case CodecId::OneBit: return 1.0;
+    case CodecId::TopK: return 1.0;
+  }
+  return 0;
+}
+
+struct Harness::Impl {
+  Communicator& comm;
+  const Options& o;
+  int P, me;
+  std::vector<float> host_in, host_out;
+  Buffer device_buf{MemoryKind::Device};
+  Stream stream = nullptr;
+
+  // Elementwise max over ranks of a few doubles (host allgather).
+  std::vector<double> max_over_ranks(const std::vector<double>& mine) {
+    const std::size_t k = mine.size();
+    std::vector<double> all(k * static_cast<std::size_t>(P));
+    std::vector<Slice> slots(static_cast<std::size_t>(P));
+    std::vector<std::size_t> got(static_cast<std::size_t>(P));
+    for (int r = 0; r < P; ++r) slots[static_cast<std::size_t>(r)] = {all.data() + k * static_cast<std::size_t>(r), 8 * k};
+    comm.transport().allgatherv({mine.data(), 8 * k}, slots, got, CallContext{Device::Cpu, nullptr, comm.timeout()});
+    std::vector<double> m(mine);
+    for (int r = 0; r < P; ++r)
+      for (std::size_t j = 0; j < k; ++j) m[j] = std::max(m[j], all[k * static_cast<std::size_t>(r) + j]);
+    return m;
+  }
+  float* buffer(std::size_t n) {
+    if (o.device == Device::Cpu) return host_out.data();
+    device_buf.reserve(4 * n);
+    return static_cast<float*>(device_buf.data());
+  }
+  void load(std::size_t n) {  // the input into the buffer (untimed)
+    if (o.device == Device::Cpu)
+      std::memcpy(host_out.data(), host_in.data(), 4 * n);
+    else
+      mem::from_host(buffer(n), host_in.data(), 4 * n, o.device, stream);
+  }
+  void fetch(std::size_t n) {
+    if (o.device != Device::Cpu) mem::to_host(host_out.data(), buffer(n), 4 * n, o.device, stream);
+  }
+  void prepare(std::size_t n) {
+    host_in.resize(n);
+    host_out.resize(n);
+    for (std::size_t i = 0; i < n; ++i) host_in[i] = input(me, i);
+  }
+  double rel_error(std::size_t n) const {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double exact = 0;
+      for (int r = 0; r < P; ++r) exact += input(r, i);
+      const double d = host_out[i] - exact;
+      num += d * d;
+      den += exact * exact;
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  }
+};
+
+Harness::Harness(Communicator& comm, const Options& options) : impl_(new Impl{comm, options, comm.size(), comm.rank(), {}, {}, Buffer(MemoryKind::Device), nullptr}) {}
+
+Harness::~Harness() { delete impl_; }
+
+Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
+  Impl& m = *impl_;
+  auto codec = make_codec(spec);
+  Row row;
+  row.codec = codec->spec();
+  row.algorithm = resolve_algorithm(algorithm, codec->config(), m.P);
+  row.transport = to_string(m.o.transport);
+  row.ranks = m.P;
+  row.elements = n;
+  row.error_bound = error_bound(codec->config());
+  m.prepare(n);
+
+  AllreduceState state;
+  AllreduceStats stats;
+  AllreduceCall call;
+  call.algorithm = row.algorithm;
+  call.device = m.o.device;
+  call.stream = m.stream;
+  call.stats = &stats;
+
+  // First call from zero EF state: the error and the cross-rank check.
+  m.load(n);
+  m.comm.allreduce(m.buffer(n), n, *codec, state, call);
+  m.fetch(n);
+  row.rel_error = m.rel_error(n);
+  const std::uint64_t fp = fingerprint(m.host_out.data(), n);
+  const double fp_hi = static_cast<double>(fp >> 32), fp_lo = static_cast<double>(fp & 0xFFFFFFFFu);
+  // max == -max(-x) for every rank iff all ranks hold the same value.
+  const auto hi = m.max_over_ranks({fp_hi, -fp_hi, fp_lo, -fp_lo});
+  row.identical = hi[0] == -hi[1] && hi[2] == -hi[3];
+
+  for (int i = 0; i < m.o.warmup; ++i) {
+    m.load(n);
+    m.comm.allreduce(m.buffer(n), n, *codec, state, call);
+  }
+  double enc = 0, com = 0, dec = 0, tot = 0;
+  std::size_t wire = 0;
+  for (int i = 0; i < m.o.iters; ++i) {
+    m.load(n);
+    m.comm.transport().barrier(CallContext{Device::Cpu, nullptr, m.comm.timeout()});  // start together
+    m.comm.allreduce(m.buffer(n), n, *codec, state, call);
+    enc += stats.encode_s;
+    com += stats.comm_s;
+    dec += stats.decode_s;
+    tot += stats.total_s;
+    wire = std::max(wire, stats.wire_bytes);
+  }
+  const double k = 1e3 / m.o.iters;
+  const auto mx = m.max_over_ranks({enc * k, com * k, dec * k, tot * k, static_cast<double>(wire)});
+  row.encode_ms = mx[0];
+  row.comm_ms = mx[1];
+  row.decode_ms = mx[2];
+  row.total_ms = mx[3];
+  row.wire_bytes = static_cast<std::size_t>(mx[4]);
+
+  const std::size_t C = codec->max_payload_bytes(n);
+  const std::size_t codec_ws = codec->workspace_bytes(row.algorithm == Algorithm::Allgather ? n : chunk_range(n, m.P, 0).count, m.o.device);
+  row.workspace_bytes = AllreduceWorkspace::comm_bytes_for(*codec, n, m.P, m.me, row.algorithm) + codec_ws;
+  row.workspace_bound = (static_cast<std::size_t>(m.P) + 1) * C + 4 * ((n + m.P - 1) / m.P) +
+                        256 * (2 * static_cast<std::size_t>(m.P) + 2) + codec_ws;  // + slot alignment
+  row.ok = row.identical && row.rel_error <= row.error_bound && row.workspace_bytes <= row.workspace_bound;
+  if (!row.identical) row.note = "ranks disagree";
+  else if (row.rel_error > row.error_bound) row.note = "error above bound";
+  else if (row.workspace_bytes > row.workspace_bound) row.note = "workspace above bound";
+  return row;
+}
+
+Row Harness::run_nccl_allreduce(std::size_t n) {
+  Row row;
+  row.codec = "ncclAllReduce";
+  row.transport = "nccl";
+  row.ranks = impl_->P;
+  row.elements = n;
+#if GZ_HAVE_NCCL
+  Impl& m = *impl_;
+  auto* nccl = dynamic_cast<NcclTransport*>(&m.comm.transport());
+  GZ_ENFORCE(nccl != nullptr, "ncclAllReduce baseline needs the NCCL transport");
+  m.prepare(n);
+  const CallContext ctx{Device::Cuda, m.stream, m.comm.timeout()};
+  for (int i = 0; i < m.o.warmup; ++i) {
+    m.load(n);
+    nccl->allreduce_sum(m.buffer(n), n, ctx);
+  }
+  double tot = 0;
+  for (int i = 0; i < m.o.iters; ++i) {
+    m.load(n);
+    nccl->barrier(ctx);
+    const auto t0 = std::chrono::steady_clock::now();
+    nccl->allreduce_sum(m.buffer(n), n, ctx);
+    tot += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  m.fetch(n);
+  row.total_ms = m.max_over_ranks({tot * 1e3 / m.o.iters})[0];
+  row.comm_ms = row.total_ms;
+  row.wire_bytes = 2 * (static_cast<std::size_t>(m.P) - 1) * 4 * n / static_cast<std::size_t>(m.P);
+  row.rel_error = m.rel_error(n);
+  row.error_bound = 1e-6;
+  row.ok = row.rel_error <= row.error_bound;
+#else
+  (void)n;
+  GZ_THROW(InvalidArgument, "this build has no NCCL");
+#endif
+  return row;
+}
+
+}  // namespace gz::bench

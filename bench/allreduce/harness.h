@@ -1,0 +1,51 @@
+// The measuring part of gradzip-bench: one row = one codec at one size,
+// timed over iterations, verified against the exact sum (seeded inputs, sum
+// in double) and across ranks (every rank must hold the same bits).
+#pragma once
+
+#include <string>
+
+#include "bench/allreduce/options.h"
+#include "comm/communicator.h"
+
+namespace gz::bench {
+
+struct Row {
+  std::string codec;
+  Algorithm algorithm = Algorithm::Auto;
+  std::string transport;
+  int ranks = 1;
+  std::size_t elements = 0;
+  std::size_t wire_bytes = 0;      ///< bytes one rank sends per call (max over ranks)
+  double ratio = 0;                ///< fp32 baseline wire bytes / this row's
+  double encode_ms = 0, comm_ms = 0, decode_ms = 0, total_ms = 0;  ///< mean per call, max over ranks
+  double baseline_ms = 0;          ///< the uncompressed fp32 allreduce (none, scatter_reduce)
+  double speedup = 0;
+  double rel_error = 0;            ///< ||out - exact|| / ||exact|| of the first call (zero EF state)
+  double error_bound = 0;
+  std::size_t workspace_bytes = 0;   ///< payload slots + chunk sum + codec scratch
+  std::size_t workspace_bound = 0;   ///< (P + 1) payloads + n/P floats (+ codec scratch)
+  bool identical = true;           ///< every rank got the same bits
+  bool ok = true;
+  std::string note;
+};
+
+/// The documented single-call relative error bound of a codec (docs/comm.md).
+double error_bound(const CodecConfig& c);
+
+class Harness {
+ public:
+  Harness(Communicator& comm, const Options& options);
+  ~Harness();
+
+  /// Runs one row (collective: every rank calls with the same arguments).
+  Row run(const std::string& spec, std::size_t n, Algorithm algorithm);
+  /// NCCL only: the plain ncclAllReduce of n floats, for comparison.
+  Row run_nccl_allreduce(std::size_t n);
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace gz::bench

@@ -1,0 +1,72 @@
+// gradzip-bench: the multi-rank compressed-allreduce benchmark. Run it under
+// a launcher (gradzip-run, torchrun, mpirun, srun):
+//   build/bin/gradzip-run -n 4 -- build/bin/gradzip-bench
+// Rank 0 prints; every rank measures. Exit status 0 only when every row is OK.
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "bench/allreduce/harness.h"
+#include "bench/allreduce/options.h"
+#include "bench/allreduce/report.h"
+#include "comm/communicator.h"
+#include "common/error.h"
+#if GZ_HAVE_UCX
+#include "comm/ucx/ucx_transport.h"
+#endif
+
+int main(int argc, char** argv) {
+  using namespace gz;
+  const bench::Options o = bench::parse_options(argc, argv);
+  try {
+    CommunicatorOptions copt;
+    if (o.timeout_s > 0) copt.timeout = Timeout(static_cast<Timeout::rep>(std::ceil(o.timeout_s * 1000)));
+    auto comm = Communicator::from_env(o.transport, copt);
+    const bool root = comm->rank() == 0;
+    std::string desc = to_string(o.transport);
+#if GZ_HAVE_UCX
+    if (auto* u = dynamic_cast<UcxTransport*>(&comm->transport())) desc = u->describe();
+#endif
+    if (root) bench::print_header(o, comm->size(), desc);
+
+    bench::Harness h(*comm, o);
+    std::vector<bench::Row> rows;
+    for (std::size_t n : o.sizes) {
+      // The baseline first: the uncompressed fp32 allreduce on this transport.
+      bench::Row base = h.run("none", n, Algorithm::ScatterReduce);
+      auto finish = [&](bench::Row& r) {
+        r.baseline_ms = base.total_ms;
+        r.speedup = r.total_ms > 0 ? base.total_ms / r.total_ms : 0;
+        r.ratio = r.wire_bytes ? static_cast<double>(base.wire_bytes) / static_cast<double>(r.wire_bytes) : 0;
+        if (root) bench::print_row(r);
+        rows.push_back(r);
+      };
+      bool base_listed = false;
+      for (const auto& spec : o.codecs) {
+        const CodecConfig cfg = parse_spec(spec);
+        const bool is_base = cfg.id == CodecId::None &&
+                             resolve_algorithm(o.algorithm, cfg, comm->size()) == Algorithm::ScatterReduce;
+        bench::Row r = is_base ? base : h.run(spec, n, o.algorithm);
+        if (r.codec == "none" && r.algorithm == Algorithm::ScatterReduce) base_listed = true;
+        finish(r);
+      }
+      if (!base_listed) finish(base);
+      if (o.transport == TransportKind::Nccl) {
+        bench::Row r = h.run_nccl_allreduce(n);
+        finish(r);
+      }
+    }
+    bool ok = true;
+    if (root) {
+      ok = bench::print_footer(rows);
+      if (!o.json.empty()) bench::write_json(o.json, rows);
+    }
+    comm->barrier();
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gradzip-bench: %s\n", e.what());
+    return 1;
+  }
+}

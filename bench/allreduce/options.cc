@@ -1,0 +1,125 @@
+#include "bench/allreduce/options.h"
+
+#include <getopt.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "common/error.h"
+#include "compressors/spec.h"
+
+namespace gz::bench {
+namespace {
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: gradzip-run -n N -- gradzip-bench [options]\n"
+               "\n"
+               "Compressed allreduce over N ranks, nccl-tests style: one row per size and codec.\n"
+               "  --codecs LIST      comma-separated codec specs (default none,fp16,bf16,onebit,topk:density=0.01)\n"
+               "  --sizes LIST       element counts with K/M/G suffixes (default 1M,4M,16M)\n"
+               "  --transport T      ucx | nccl (default ucx)\n"
+               "  --algorithm A      auto | allgather | scatter_reduce (default auto)\n"
+               "  --iters N          timed iterations per row (default 5)\n"
+               "  --warmup N         untimed iterations first (default 2)\n"
+               "  --device D         cpu | cuda (default cpu; ranks may share a GPU over ucx)\n"
+               "  --json FILE        also write the rows as a JSON list\n"
+               "  --timeout S        seconds before a silent peer is an error (default GRADZIP_TIMEOUT_S or 60)\n"
+               "Codecs: %s\n",
+               std::string(codec_names()).c_str());
+}
+
+[[noreturn]] void bad(const std::string& msg) {
+  std::fprintf(stderr, "gradzip-bench: %s\n\n", msg.c_str());
+  usage(stderr);
+  std::exit(2);
+}
+
+int parse_count(const char* s, const char* what) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (!*s || *end || v < 0 || v > 1000000) bad(std::string(what) + " must be an integer >= 0, got '" + s + "'");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+std::size_t parse_size(const std::string& s) {
+  if (s.empty()) GZ_THROW(InvalidArgument, "empty size");
+  std::size_t mult = 1, len = s.size();
+  switch (s.back()) {
+    case 'K': case 'k': mult = std::size_t{1} << 10; --len; break;
+    case 'M': case 'm': mult = std::size_t{1} << 20; --len; break;
+    case 'G': case 'g': mult = std::size_t{1} << 30; --len; break;
+    default: break;
+  }
+  std::size_t v = 0;
+  if (len == 0) GZ_THROW(InvalidArgument, "size '", s, "' has no number");
+  for (std::size_t i = 0; i < len; ++i) {
+    if (s[i] < '0' || s[i] > '9') GZ_THROW(InvalidArgument, "size '", s, "' is not a count like 64, 1K, 16M");
+    v = v * 10 + static_cast<std::size_t>(s[i] - '0');
+    if (v > (std::size_t{1} << 40)) GZ_THROW(InvalidArgument, "size '", s, "' is too large");
+  }
+  return v * mult;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  static const option longs[] = {{"codecs", required_argument, nullptr, 'c'},
+                                 {"sizes", required_argument, nullptr, 's'},
+                                 {"transport", required_argument, nullptr, 't'},
+                                 {"algorithm", required_argument, nullptr, 'a'},
+                                 {"iters", required_argument, nullptr, 'i'},
+                                 {"warmup", required_argument, nullptr, 'w'},
+                                 {"device", required_argument, nullptr, 'd'},
+                                 {"json", required_argument, nullptr, 'j'},
+                                 {"timeout", required_argument, nullptr, 'T'},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
+  try {
+    for (int c; (c = getopt_long(argc, argv, "c:s:t:a:i:w:d:j:T:h", longs, nullptr)) != -1;) {
+      const std::string v = optarg ? optarg : "";
+      switch (c) {
+        case 'c':
+          o.codecs = split_spec_list(v);
+          for (const auto& spec : o.codecs) (void)parse_spec(spec);  // fail before any rank connects
+          if (o.codecs.empty()) bad("--codecs is empty");
+          break;
+        case 's': {
+          o.sizes.clear();
+          std::stringstream ss(v);
+          for (std::string item; std::getline(ss, item, ',');)
+            if (!item.empty()) o.sizes.push_back(parse_size(item));
+          if (o.sizes.empty()) bad("--sizes is empty");
+          break;
+        }
+        case 't': o.transport = parse_transport_kind(v); break;
+        case 'a': o.algorithm = parse_algorithm(v); break;
+        case 'i': o.iters = parse_count(optarg, "--iters"); break;
+        case 'w': o.warmup = parse_count(optarg, "--warmup"); break;
+        case 'd':
+          if (v == "cpu") o.device = Device::Cpu;
+          else if (v == "cuda") o.device = Device::Cuda;
+          else bad("--device must be cpu or cuda");
+          break;
+        case 'j': o.json = v; break;
+        case 'T': {
+          char* end = nullptr;
+          o.timeout_s = std::strtod(optarg, &end);
+          if (*end || !(o.timeout_s > 0)) bad("--timeout must be a positive number of seconds");
+          break;
+        }
+        case 'h': usage(stdout); std::exit(0);
+        default: usage(stderr); std::exit(2);
+      }
+    }
+  } catch (const Error& e) {
+    bad(e.what());
+  }
+  if (optind < argc) bad(std::string("unexpected argument '") + argv[optind] + "'");
+  if (o.iters < 1) bad("--iters must be at least 1");
+  return o;
+}
+
+}  // namespace gz::bench

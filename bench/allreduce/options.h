@@ -1,0 +1,31 @@
+// gradzip-bench command line.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "comm/allreduce.h"
+#include "comm/communicator.h"
+
+namespace gz::bench {
+
+struct Options {
+  std::vector<std::string> codecs = {"none", "fp16", "bf16", "onebit", "topk:density=0.01"};
+  std::vector<std::size_t> sizes = {1 << 20, 4 << 20, 16 << 20};  ///< floats
+  TransportKind transport = TransportKind::Ucx;
+  Algorithm algorithm = Algorithm::Auto;
+  int iters = 5;
+  int warmup = 2;
+  Device device = Device::Cpu;
+  std::string json;       ///< write records here when set
+  double timeout_s = 0;   ///< 0: GRADZIP_TIMEOUT_S or 60
+};
+
+/// "64", "1K", "16M", "2G" (powers of 1024), counts of floats.
+std::size_t parse_size(const std::string& s);
+
+/// Parses argv; prints usage and exits on --help or an error.
+Options parse_options(int argc, char** argv);
+
+}  // namespace gz::bench

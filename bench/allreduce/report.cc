@@ -1,0 +1,103 @@
+#include "bench/allreduce/report.h"
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+
+#include "common/error.h"
+
+namespace gz::bench {
+namespace {
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown cpu";
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o + "\"";
+}
+
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+}  // namespace
+
+void print_header(const Options& o, int ranks, const std::string& transport_desc) {
+  utsname u{};
+  ::uname(&u);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  std::printf("# gradzip-bench: compressed allreduce, %d ranks\n", ranks);
+  std::printf("# transport: %s   device: %s   algorithm: %s   iters: %d   warmup: %d\n", transport_desc.c_str(),
+              to_string(o.device), to_string(o.algorithm), o.iters, o.warmup);
+  std::printf("# machine: %s (%s %s, %s), %ld cpus   %s\n", host, u.sysname, u.release, cpu_model().c_str(),
+              ::sysconf(_SC_NPROCESSORS_ONLN), date);
+  std::printf("# times: mean per call, max over ranks. wire: bytes one rank sends per call. ratio: fp32\n"
+              "# baseline wire bytes / this row's. speedup: baseline total / this row's total, where the\n"
+              "# baseline is the uncompressed fp32 allreduce (none, scatter_reduce) on the same transport.\n"
+              "# rel_err: ||out - exact|| / ||exact|| of the first call (zero EF state). workspace: bytes per\n"
+              "# rank beyond the buffer and EF state.\n#\n");
+  std::printf("# %11s  %-18s %-14s %12s %7s %9s %9s %9s %9s %8s %9s %12s  %s\n", "elements", "codec", "algorithm",
+              "wire(B)", "ratio", "enc(ms)", "comm(ms)", "dec(ms)", "total(ms)", "speedup", "rel_err",
+              "workspace(B)", "check");
+  std::fflush(stdout);
+}
+
+void print_row(const Row& r) {
+  std::printf("  %11zu  %-18s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %8.2f %9.2e %12zu  %s%s%s\n", r.elements,
+              r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm), r.wire_bytes, r.ratio,
+              r.encode_ms, r.comm_ms, r.decode_ms, r.total_ms, r.speedup, r.rel_error, r.workspace_bytes,
+              r.ok ? "OK" : "FAILED", r.note.empty() ? "" : ": ", r.note.c_str());
+  std::fflush(stdout);
+}
+
+bool print_footer(const std::vector<Row>& rows) {
+  int failed = 0;
+  for (const auto& r : rows) failed += r.ok ? 0 : 1;
+  std::printf("#\n# rows: %zu   failed: %d   (checks: ranks bit-identical, error within the codec's bound,\n"
+              "#  workspace within (ranks + 1) payloads + n/ranks floats)\n# %s\n",
+              rows.size(), failed, failed ? "FAILED" : "OK");
+  std::fflush(stdout);
+  return failed == 0;
+}
+
+void write_json(const std::string& path, const std::vector<Row>& rows) {
+  std::ofstream f(path);
+  if (!f) GZ_THROW(IoError, "cannot write ", path);
+  f << "[\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    f << "  {\"codec\": " << json_string(r.codec)
+      << ", \"algorithm\": " << json_string(r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm))
+      << ", \"transport\": " << json_string(r.transport) << ", \"ranks\": " << r.ranks
+      << ", \"elements\": " << r.elements << ", \"wire_bytes_per_rank\": " << r.wire_bytes
+      << ", \"ratio\": " << num(r.ratio) << ", \"encode_ms\": " << num(r.encode_ms)
+      << ", \"comm_ms\": " << num(r.comm_ms) << ", \"decode_ms\": " << num(r.decode_ms)
+      << ", \"total_ms\": " << num(r.total_ms) << ", \"baseline_ms\": " << num(r.baseline_ms)
+      << ", \"speedup\": " << num(r.speedup) << ", \"rel_error\": " << num(r.rel_error)
+      << ", \"error_bound\": " << num(r.error_bound) << ", \"workspace_bytes\": " << r.workspace_bytes
+      << ", \"identical\": " << (r.identical ? "true" : "false") << ", \"ok\": " << (r.ok ? "true" : "false")
+      << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  f << "]\n";
+  if (!f) GZ_THROW(IoError, "writing ", path, " failed");
+}
+
+}  // namespace gz::bench

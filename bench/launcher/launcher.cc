@@ -1,0 +1,237 @@
+#include "bench/launcher/launcher.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+namespace gz::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const auto rc = ::write(g_signal_pipe[1], &b, 1);
+}
+
+// One output stream of one rank, relayed line by line with its prefix.
+struct Stream {
+  int fd = -1;
+  FILE* out = nullptr;
+  std::string partial;
+
+  void relay(const std::string& prefix, const char* data, std::size_t n) {
+    partial.append(data, n);
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::fputs(prefix.c_str(), out);
+      std::fwrite(partial.data() + start, 1, nl + 1 - start, out);
+    }
+    partial.erase(0, start);
+    std::fflush(out);
+  }
+  void finish(const std::string& prefix) {
+    if (!partial.empty()) {
+      std::fprintf(out, "%s%s\n", prefix.c_str(), partial.c_str());
+      std::fflush(out);
+      partial.clear();
+    }
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
+struct Rank {
+  pid_t pid = -1;
+  Stream streams[2];
+  bool done = false;
+  int code = 0;  // exit code, or 128 + signal
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+                                  strsignal(WTERMSIG(status)) + ")";
+  return "ended";
+}
+
+}  // namespace
+
+int free_port(const std::string& host) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error("socket failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    ::close(fd);
+    throw std::runtime_error("free_port: '" + host + "' is not an IPv4 address");
+  }
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("free_port: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int launch(const LaunchOptions& o, Placement& placement) {
+  if (o.ranks < 1) throw std::runtime_error("need at least one rank");
+  if (o.command.empty()) throw std::runtime_error("no command given");
+  placement.setup(o.ranks);
+  struct Teardown {
+    Placement& p;
+    ~Teardown() { p.teardown(); }
+  } teardown{placement};
+
+  const std::string addr = placement.master_addr();
+  const int port = o.port ? o.port : free_port(addr);
+
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error("pipe failed");
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+
+  std::vector<Rank> ranks(static_cast<std::size_t>(o.ranks));
+  for (int r = 0; r < o.ranks; ++r) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    const std::vector<std::string> argv_s = placement.wrap(r, o.command);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::setpgid(0, 0);  // its own group: signals reach the rank's children too
+      for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::signal(sig, SIG_DFL);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      const std::map<std::string, std::string> vars = {
+          {"MASTER_ADDR", addr},
+          {"MASTER_PORT", std::to_string(port)},
+          {"RANK", std::to_string(r)},
+          {"WORLD_SIZE", std::to_string(o.ranks)},
+          {"LOCAL_RANK", std::to_string(r)},
+          {"LOCAL_WORLD_SIZE", std::to_string(o.ranks)},
+      };
+      for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+      for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      for (const auto& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "gradzip-run: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here: no race with the child's own call
+    ::close(out[1]);
+    ::close(err[1]);
+    auto& rk = ranks[static_cast<std::size_t>(r)];
+    rk.pid = pid;
+    rk.streams[0] = Stream{out[0], stdout, {}};
+    rk.streams[1] = Stream{err[0], stderr, {}};
+  }
+
+  int result = 0;
+  bool stopping = false;
+  Clock::time_point kill_at{};
+  auto signal_all = [&](int sig) {
+    for (auto& rk : ranks)
+      if (!rk.done) ::kill(-rk.pid, sig);
+  };
+  auto stop_all = [&] {
+    if (stopping) return;
+    stopping = true;
+    signal_all(SIGTERM);
+    kill_at = Clock::now() + o.grace;
+  };
+
+  std::size_t running = ranks.size();
+  bool killed = false;
+  while (running > 0 || [&] {
+    for (auto& rk : ranks)
+      for (auto& s : rk.streams)
+        if (s.fd >= 0) return true;
+    return false;
+  }()) {
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<std::size_t, int>> who;
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      for (int k = 0; k < 2; ++k)
+        if (ranks[r].streams[k].fd >= 0) {
+          fds.push_back({ranks[r].streams[k].fd, POLLIN, 0});
+          who.emplace_back(r, k);
+        }
+    int timeout_ms = 200;
+    ::poll(fds.data(), fds.size(), timeout_ms);
+
+    for (std::size_t i = 1; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      auto& rk = ranks[who[i - 1].first];
+      auto& s = rk.streams[who[i - 1].second];
+      const std::string prefix = "[" + std::to_string(who[i - 1].first) + "] ";
+      char buf[65536];
+      const ssize_t n = ::read(s.fd, buf, sizeof buf);
+      if (n > 0)
+        s.relay(prefix, buf, static_cast<std::size_t>(n));
+      else if (n == 0 || (errno != EINTR && errno != EAGAIN))
+        s.finish(prefix);
+    }
+
+    unsigned char sigs[64];
+    ssize_t ns;
+    while ((ns = ::read(g_signal_pipe[0], sigs, sizeof sigs)) > 0)
+      for (ssize_t i = 0; i < ns; ++i) {
+        const int sig = sigs[i];
+        if (sig == SIGCHLD) continue;
+        std::fprintf(stderr, "gradzip-run: got %s, stopping every rank\n", strsignal(sig));
+        if (!result) result = 128 + sig;
+        if (!stopping) {
+          stopping = true;
+          kill_at = Clock::now() + o.grace;
+        }
+        signal_all(sig == SIGHUP ? SIGTERM : sig);
+      }
+
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      auto& rk = ranks[r];
+      if (rk.done) continue;
+      int status = 0;
+      if (::waitpid(rk.pid, &status, WNOHANG) != rk.pid) continue;
+      rk.done = true;
+      --running;
+      rk.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      ::kill(-rk.pid, SIGKILL);  // anything the rank left behind in its group
+      if (rk.code != 0 && !stopping) {
+        std::fprintf(stderr, "gradzip-run: rank %zu %s; stopping the other ranks\n", r, describe_status(status).c_str());
+        result = rk.code;
+        stop_all();
+      }
+    }
+    if (stopping && !killed && running > 0 && Clock::now() >= kill_at) {
+      std::fprintf(stderr, "gradzip-run: ranks still running %lld ms after SIGTERM; sending SIGKILL\n",
+                   static_cast<long long>(o.grace.count()));
+      signal_all(SIGKILL);
+      killed = true;
+    }
+  }
+  ::close(g_signal_pipe[0]);
+  ::close(g_signal_pipe[1]);
+  return result;
+}
+
+}  // namespace gz::launcher

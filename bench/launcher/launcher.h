@@ -1,0 +1,58 @@
+// gradzip-run: starts N ranks of a command with the torchrun environment,
+// relays their output line by line with a "[rank] " prefix, and ends the job
+// as one: when a rank fails, the others get SIGTERM, then SIGKILL after a
+// grace period, and the launcher exits non-zero; SIGINT/SIGTERM sent to the
+// launcher are forwarded to every rank.
+//
+// Where ranks run is a Placement: LocalPlacement runs them as plain local
+// processes on 127.0.0.1. The emulated cluster (--link RATE[,DELAY]) will be
+// another Placement that makes a network namespace per rank, wraps each
+// rank's command to enter it, and names rank 0's namespace address as
+// MASTER_ADDR; the launch loop stays as it is.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gz::launcher {
+
+struct LaunchOptions {
+  int ranks = 1;
+  int port = 0;                               ///< MASTER_PORT; 0 picks a free one
+  std::chrono::milliseconds grace{5000};      ///< SIGTERM -> SIGKILL
+  std::vector<std::string> command;           ///< argv of every rank
+  std::map<std::string, std::string> env;     ///< extra variables for every rank
+};
+
+/// Where and how each rank runs.
+class Placement {
+ public:
+  virtual ~Placement() = default;
+  /// Prepares the ranks' places (namespaces, links); throws std::runtime_error.
+  virtual void setup(int ranks) { (void)ranks; }
+  /// The address ranks use to reach rank 0's store.
+  virtual std::string master_addr() const = 0;
+  /// The argv that runs `command` as `rank` (e.g. wrapped in `ip netns exec`).
+  virtual std::vector<std::string> wrap(int rank, const std::vector<std::string>& command) const {
+    (void)rank;
+    return command;
+  }
+  /// Undoes setup(); called on every exit path.
+  virtual void teardown() {}
+};
+
+class LocalPlacement final : public Placement {
+ public:
+  std::string master_addr() const override { return "127.0.0.1"; }
+};
+
+/// Runs the job; returns the launcher's exit code: 0 when every rank exited
+/// 0, else the first failing rank's code (128 + signal when killed).
+int launch(const LaunchOptions& options, Placement& placement);
+
+/// A free TCP port on `host` (bound and released).
+int free_port(const std::string& host);
+
+}  // namespace gz::launcher

@@ -1,0 +1,110 @@
+#include "comm/communicator.h"
+
+#include <algorithm>
+
+#include "comm/prefix_store.h"
+#include "comm/tcp_store.h"
+#include "common/error.h"
+#if GZ_HAVE_UCX
+#include "comm/ucx/ucx_transport.h"
+#endif
+#if GZ_HAVE_NCCL
+#include "comm/nccl/nccl_transport.h"
+#endif
+
+namespace gz {
+
+TransportKind parse_transport_kind(std::string_view s) {
+  if (s == "ucx") return TransportKind::Ucx;
+  if (s == "nccl") return TransportKind::Nccl;
+  GZ_THROW(InvalidArgument, "unknown transport '", s, "'; valid: ucx, nccl");
+}
+
+const char* to_string(TransportKind k) { return k == TransportKind::Ucx ? "ucx" : "nccl"; }
+
+bool transport_available(TransportKind k) {
+#if GZ_HAVE_UCX
+  if (k == TransportKind::Ucx) return true;
+#endif
+#if GZ_HAVE_NCCL
+  if (k == TransportKind::Nccl) return true;
+#endif
+  (void)k;
+  return false;
+}
+
+std::unique_ptr<Communicator> Communicator::from_env(TransportKind kind, const CommunicatorOptions& options) {
+  const RankInfo info = rank_info_from_env();
+  if (!transport_available(kind))
+    GZ_THROW(InvalidArgument, "this build of gradzip has no ", to_string(kind),
+             " transport (configure with GRADZIP_", kind == TransportKind::Ucx ? "UCX" : "NCCL", "=ON)");
+  std::shared_ptr<Store> tcp =
+      std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0, options.timeout);
+  auto store = std::make_shared<PrefixStore>(options.prefix, std::move(tcp));
+  std::unique_ptr<Transport> transport;
+#if GZ_HAVE_UCX
+  if (kind == TransportKind::Ucx)
+    transport = std::make_unique<UcxTransport>(*store, info.rank, info.world_size, options.timeout);
+#endif
+#if GZ_HAVE_NCCL
+  if (kind == TransportKind::Nccl) {
+    int device = options.cuda_device;
+    if (device < 0) device = info.local_rank % std::max(1, NcclTransport::device_count());
+    transport = std::make_unique<NcclTransport>(*store, info.rank, info.world_size, device, options.timeout);
+  }
+#endif
+  return std::make_unique<Communicator>(std::move(store), std::move(transport), options);
+}
+
+Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport,
+                           CommunicatorOptions options)
+    : store_(std::move(store)), transport_(std::move(transport)), options_(std::move(options)) {
+  GZ_ENFORCE(store_ && transport_, "a communicator needs a store and a transport");
+}
+
+Communicator::~Communicator() {
+  if (broken_ || size() == 1) return;
+  try {
+    // Bounded: a peer that already failed costs at most this much.
+    transport_->barrier(CallContext{Device::Cpu, nullptr, std::min(options_.timeout, Timeout(10000))});
+  } catch (...) {
+    // Closing anyway; the peer's own error says what went wrong.
+  }
+}
+
+void Communicator::allreduce(float* buffer, std::size_t n, Codec& codec, AllreduceState& state,
+                             const AllreduceCall& call) {
+  if (broken_) GZ_THROW(IoError, "communicator is broken by an earlier failure; build a new one");
+  AllreduceOptions o;
+  o.transport = transport_.get();
+  o.store = store_.get();
+  o.workspace = &workspace_;
+  o.codec = &codec;
+  o.state = &state;
+  o.buffer = buffer;
+  o.n = n;
+  o.op = call.op;
+  o.algorithm = call.algorithm;
+  o.device = call.device;
+  o.stream = call.stream;
+  o.timeout = call.timeout.value_or(options_.timeout);
+  o.stats = call.stats;
+  try {
+    gz::allreduce(o);
+  } catch (const IoError&) {
+    broken_ = true;
+    throw;
+  }
+}
+
+void Communicator::barrier() {
+  if (broken_) GZ_THROW(IoError, "communicator is broken by an earlier failure; build a new one");
+  try {
+    transport_->barrier(CallContext{Device::Cpu, nullptr, options_.timeout});
+  } catch (const IoError&) {
+    broken_ = true;
+    throw;
+  }
+}
+
+}  // namespace gz

@@ -1,0 +1,93 @@
+// Communicator: a Store, a Transport and the allreduce workspace, bundled for
+// users (and for the Python bindings, which bind exactly this class).
+//
+//   auto comm = gz::Communicator::from_env(gz::TransportKind::Ucx);
+//   auto codec = gz::make_codec("onebit");
+//   gz::AllreduceState state;                    // one per gradient buffer
+//   gz::AllreduceCall call;
+//   call.op = gz::ReduceOp::Average;
+//   comm->allreduce(grad, n, *codec, state, call);
+//
+// Thread-compatible: one call at a time (the workspace and the transport are
+// shared by every call); calls from several threads need a lock around them.
+// Every rank must make the same calls in the same order.
+// After an IoError the communicator is broken: build a new one.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "comm/allreduce.h"
+#include "comm/store.h"
+#include "comm/transport.h"
+
+namespace gz {
+
+enum class TransportKind : unsigned char { Ucx, Nccl };
+
+/// "ucx" | "nccl"; throws InvalidArgument.
+TransportKind parse_transport_kind(std::string_view s);
+const char* to_string(TransportKind k);
+/// Whether this build has the transport.
+bool transport_available(TransportKind k);
+
+struct CommunicatorOptions {
+  Timeout timeout = default_timeout();  ///< default for every call (and the rendezvous)
+  std::string prefix = "gradzip";       ///< Store namespace of this communicator
+  int cuda_device = -1;                 ///< NCCL: the GPU (-1: LOCAL_RANK modulo the GPU count)
+};
+
+/// Per-call settings of Communicator::allreduce.
+struct AllreduceCall {
+  ReduceOp op = ReduceOp::Sum;
+  Algorithm algorithm = Algorithm::Auto;
+  Device device = Device::Cpu;
+  Stream stream = nullptr;
+  std::optional<Timeout> timeout;    ///< default: the communicator's
+  AllreduceStats* stats = nullptr;   ///< [out] optional
+};
+
+class Communicator {
+ public:
+  /// Rendezvous from the torchrun variables (rank_info_from_env): rank 0 hosts
+  /// the TcpStore; then the transport connects every pair. Collective.
+  static std::unique_ptr<Communicator> from_env(TransportKind kind, const CommunicatorOptions& options = {});
+
+  /// From parts (tests use a HashStore and threads).
+  Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport, CommunicatorOptions options = {});
+  /// When nothing failed, waits (briefly) for every rank to arrive, so that
+  /// rank 0's store and every endpoint outlive the last call of every rank.
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+
+  /// buffer[0..n) = sum (or average) over ranks; see allreduce.h.
+  /// @param[in,out] buffer  n floats on call.device
+  /// @param[in]     codec   the same spec on every rank
+  /// @param[in,out] state   error feedback of this buffer
+  void allreduce(float* buffer, std::size_t n, Codec& codec, AllreduceState& state, const AllreduceCall& call = {});
+
+  void barrier();
+
+  Transport& transport() { return *transport_; }
+  Store& store() { return *store_; }
+  const AllreduceWorkspace& workspace() const { return workspace_; }
+  /// Scratch held beyond the user's buffers and EF states: payload slots,
+  /// chunk sum, codec scratch, and the transport's pinned staging.
+  std::size_t workspace_bytes() const { return workspace_.bytes() + transport_->staging_bytes(); }
+  Timeout timeout() const { return options_.timeout; }
+  bool broken() const { return broken_; }
+
+ private:
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<Transport> transport_;
+  CommunicatorOptions options_;
+  AllreduceWorkspace workspace_;
+  bool broken_ = false;
+};
+
+}  // namespace gz

@@ -1,0 +1,9 @@
+#include "comm/transport.h"
+
+namespace gz {
+
+Transport::~Transport() = default;
+
+void Transport::synchronize(const CallContext&) {}
+
+}  // namespace gz

@@ -1,0 +1,505 @@
+#include "comm/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "comm/ucx/ucx_check.h"
+#include "common/workspace.h"
+#if GZ_HAVE_CUDA
+#include "common/cuda_check.h"
+#endif
+
+namespace gz {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Coll : std::uint8_t { Allgather = 1, Alltoall = 2, Barrier = 3 };
+
+constexpr int kMaxRanks = 1 << 24;  // the tag has 24 bits for the source rank
+
+ucp_tag_t make_tag(std::uint32_t seq, int src, Coll coll) {
+  return (ucp_tag_t{seq} << 32) | (static_cast<ucp_tag_t>(src) << 8) | static_cast<ucp_tag_t>(coll);
+}
+
+const char* coll_name(Coll c) {
+  switch (c) {
+    case Coll::Allgather: return "allgatherv";
+    case Coll::Alltoall: return "alltoallv";
+    case Coll::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+// UCP_ERR_HANDLING_MODE_PEER makes a dead peer an endpoint error, but UCX
+// 1.13's shared-memory transports (posix, sysv) do not support it, so with it
+// local ranks talk over TCP loopback at a fraction of the bandwidth. So:
+// GRADZIP_UCX_ERR_MODE=peer|none|auto; auto takes peer when UCX_TLS names no
+// shared-memory transport (UCX_TLS=tcp, the emulated cluster), else none, and
+// then a dead peer is caught by the wait deadline instead.
+bool peer_error_mode() {
+  const char* m = std::getenv("GRADZIP_UCX_ERR_MODE");
+  const std::string mode = m && *m ? m : "auto";
+  if (mode == "peer") return true;
+  if (mode == "none") return false;
+  if (mode != "auto") GZ_THROW(InvalidArgument, "GRADZIP_UCX_ERR_MODE must be peer, none or auto, got '", mode, "'");
+  const char* t = std::getenv("UCX_TLS");
+  if (!t || !*t) return false;
+  const std::string tls = t;
+  for (const char* shm : {"shm", "sm", "posix", "sysv", "all", "cma", "knem", "xpmem"})
+    if (tls.find(shm) != std::string::npos) return false;
+  return true;
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// One outstanding send or receive of a call.
+struct Op {
+  void* req = nullptr;  // null once complete
+  int peer = 0;
+  bool recv = false;
+  std::size_t* received = nullptr;
+  std::size_t capacity = 0;
+  ucp_tag_recv_info_t info{};  // set by on_recv
+  ucs_status_t status = UCS_INPROGRESS;
+};
+
+void on_recv(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+  auto* op = static_cast<Op*>(user_data);
+  if (info) op->info = *info;
+  op->status = status;
+}
+
+// A host buffer to send to or receive from one peer.
+struct HostSend {
+  int peer;
+  const void* data;
+  std::size_t bytes;
+};
+struct HostRecv {
+  int peer;
+  void* data;
+  std::size_t bytes;
+  std::size_t* received;
+};
+
+}  // namespace
+
+struct UcxTransport::Impl {
+  struct PeerSlot {
+    Impl* impl;
+    int peer;
+  };
+
+  int rank = 0, size = 0;
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int efd = -1;
+  bool busy_poll = false;
+  bool peer_errors = false;  // endpoints in UCP_ERR_HANDLING_MODE_PEER
+  std::vector<ucp_ep_h> eps;
+  std::vector<PeerSlot> slots;
+  std::vector<ucs_status_t> peer_status;  // set by the endpoints' error handler
+  std::uint32_t seq = 0;
+  bool broken = false;
+  std::vector<Op> ops;  // reused by every call
+
+  // Pinned host memory for CUDA buffers.
+  void* staging = nullptr;
+  std::size_t staging_capacity = 0;
+
+  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* s = static_cast<PeerSlot*>(arg);
+    if (s->impl->peer_status[static_cast<std::size_t>(s->peer)] == UCS_OK)
+      s->impl->peer_status[static_cast<std::size_t>(s->peer)] = status;
+  }
+
+  void exchange(std::span<const HostSend> sends, std::span<const HostRecv> recvs, Coll coll, Timeout timeout);
+  void wait_all(Coll coll, Clock::time_point deadline, Timeout timeout);
+  [[noreturn]] void fail(const std::string& what);
+  void close_endpoints(bool force);
+  void idle(Clock::time_point deadline);
+  void* stage(std::size_t bytes);
+  ~Impl();
+};
+
+UcxTransport::UcxTransport(Store& store, int rank, int size, Timeout timeout)
+    : impl_(std::make_unique<Impl>()), rank_(rank), size_(size) {
+  GZ_ENFORCE(size >= 1 && size <= kMaxRanks, "world size must be in 1..", kMaxRanks);
+  GZ_ENFORCE(rank >= 0 && rank < size, "rank ", rank, " out of range for size ", size);
+  Impl& m = *impl_;
+  m.rank = rank;
+  m.size = size;
+  m.busy_poll = env_flag("GRADZIP_UCX_BUSY_POLL");
+  m.peer_errors = peer_error_mode();
+
+  // UCX_* variables from the environment (UCX_TLS=tcp, UCX_NET_DEVICES, ...).
+  ucp_config_t* config = nullptr;
+  GZ_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+  params.features = UCP_FEATURE_TAG | (m.busy_poll ? 0 : UCP_FEATURE_WAKEUP);
+  params.estimated_num_eps = static_cast<std::size_t>(size);
+  const ucs_status_t init = ucp_init(&params, config, &m.context);
+  ucp_config_release(config);
+  GZ_UCX_CHECK(init);
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  GZ_UCX_CHECK(ucp_worker_create(m.context, &wp, &m.worker));
+  if (!m.busy_poll && ucp_worker_get_efd(m.worker, &m.efd) != UCS_OK) m.efd = -1;
+
+  // Publish this worker's address; read everyone's.
+  ucp_address_t* addr = nullptr;
+  std::size_t addr_len = 0;
+  GZ_UCX_CHECK(ucp_worker_get_address(m.worker, &addr, &addr_len));
+  store.set("ucx/addr/" + std::to_string(rank), std::string_view(reinterpret_cast<const char*>(addr), addr_len));
+  ucp_worker_release_address(m.worker, addr);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back("ucx/addr/" + std::to_string(r));
+  store.wait(keys, timeout);
+
+  m.eps.assign(static_cast<std::size_t>(size), nullptr);
+  m.peer_status.assign(static_cast<std::size_t>(size), UCS_OK);
+  m.slots.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    const std::string remote = store.get(keys[static_cast<std::size_t>(r)], timeout);
+    m.slots[static_cast<std::size_t>(r)] = {&m, r};
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
+    // peer: a dead peer fails its requests (see peer_error_mode).
+    ep.err_mode = m.peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    ep.err_handler.cb = &Impl::on_ep_error;
+    ep.err_handler.arg = &m.slots[static_cast<std::size_t>(r)];
+    GZ_UCX_CHECK(ucp_ep_create(m.worker, &ep, &m.eps[static_cast<std::size_t>(r)]));
+  }
+  // Wire up every pair now, not on the first collective.
+  barrier(CallContext{Device::Cpu, nullptr, timeout});
+}
+
+UcxTransport::~UcxTransport() = default;
+
+UcxTransport::Impl::~Impl() {
+  if (worker) {
+    close_endpoints(broken);
+    ucp_worker_destroy(worker);
+  }
+  if (context) ucp_cleanup(context);
+#if GZ_HAVE_CUDA
+  if (staging) cudaFreeHost(staging);
+#endif
+}
+
+void UcxTransport::Impl::close_endpoints(bool force) {
+  std::vector<void*> reqs;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  for (auto& ep : eps) {
+    if (!ep) continue;
+    void* r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
+    ep = nullptr;
+  }
+  // A flush may wait on a peer that is gone: bound it.
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  for (void* r : reqs) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker);
+    ucp_request_free(r);
+  }
+}
+
+void UcxTransport::Impl::fail(const std::string& what) {
+  // Cancel what is still posted so UCX never writes into the caller's buffers
+  // after we return, then force-close the endpoints: peers see the error now.
+  for (auto& op : ops) {
+    if (!op.req) continue;
+    if (op.recv) ucp_request_cancel(worker, op.req);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  for (auto& op : ops) {
+    if (!op.req) continue;
+    while (op.recv && ucp_request_check_status(op.req) == UCS_INPROGRESS && Clock::now() < deadline)
+      ucp_worker_progress(worker);
+    ucp_request_free(op.req);
+    op.req = nullptr;
+  }
+  broken = true;
+  close_endpoints(true);
+  GZ_THROW(IoError, "ucx rank ", rank, ": ", what);
+}
+
+void UcxTransport::Impl::idle(Clock::time_point deadline) {
+  if (efd < 0) {
+    sched_yield();
+    return;
+  }
+  const ucs_status_t s = ucp_worker_arm(worker);
+  if (s == UCS_ERR_BUSY) return;  // events pending: progress again
+  if (s != UCS_OK) {
+    sched_yield();
+    return;
+  }
+  // Wake at least every 10 ms to check peers and the deadline.
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  pollfd p{efd, POLLIN, 0};
+  ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 0, 10)));
+}
+
+void UcxTransport::Impl::wait_all(Coll coll, Clock::time_point deadline, Timeout timeout) {
+  int idle_rounds = 0;
+  for (;;) {
+    unsigned progressed = 0;
+    while (ucp_worker_progress(worker) != 0) ++progressed;
+
+    bool done = true, completed_any = false;
+    for (auto& op : ops) {
+      if (!op.req) continue;
+      const ucs_status_t st = op.recv ? op.status : ucp_request_check_status(op.req);
+      if (st == UCS_INPROGRESS) {
+        done = false;
+        continue;
+      }
+      ucp_request_free(op.req);
+      op.req = nullptr;
+      if (st != UCS_OK)
+        fail(std::string(coll_name(coll)) + (op.recv ? ": receive from rank " : ": send to rank ") +
+             std::to_string(op.peer) + " failed: " + ucs_status_string(st) +
+             (st == UCS_ERR_MESSAGE_TRUNCATED ? " (the ranks disagree on buffer sizes)" : ""));
+      if (op.recv) *op.received = op.info.length;
+      completed_any = true;
+    }
+    if (done) return;
+
+    // Peers whose endpoint reported an error will never answer.
+    for (const auto& op : ops) {
+      if (!op.req) continue;
+      const ucs_status_t ps = peer_status[static_cast<std::size_t>(op.peer)];
+      if (ps != UCS_OK)
+        fail(std::string(coll_name(coll)) + ": rank " + std::to_string(op.peer) +
+             " failed or exited (" + ucs_status_string(ps) + ")");
+    }
+    if (Clock::now() >= deadline) {
+      std::string waiting;
+      for (const auto& op : ops)
+        if (op.req && waiting.find(" " + std::to_string(op.peer) + ",") == std::string::npos)
+          waiting += " " + std::to_string(op.peer) + ",";
+      waiting.pop_back();
+      fail(std::string(coll_name(coll)) + " timed out after " + std::to_string(timeout.count()) +
+           " ms waiting for rank(s)" + waiting + " (a peer died, hangs, or called a different collective)");
+    }
+    if (progressed || completed_any) {
+      idle_rounds = 0;
+    } else if (++idle_rounds > 64) {
+      idle(deadline);
+    }
+  }
+}
+
+void UcxTransport::Impl::exchange(std::span<const HostSend> sends, std::span<const HostRecv> recvs, Coll coll,
+                                  Timeout timeout) {
+  if (broken) GZ_THROW(IoError, "ucx rank ", rank, ": transport is broken by an earlier failure; rebuild it");
+  const auto deadline = Clock::now() + timeout;
+  const std::uint32_t s = seq++;
+  ops.clear();
+  ucp_request_param_t p{};
+  p.op_attr_mask = 0;
+  ops.reserve(recvs.size() + sends.size());  // no reallocation: callbacks hold Op pointers
+  // Receives first, so that eager messages land in place. Every receive goes
+  // through the completion callback (NO_IMM_CMPL), which records status and
+  // length in its Op.
+  for (const auto& r : recvs) {
+    Op& op = ops.emplace_back(Op{nullptr, r.peer, true, r.received, r.bytes, {}, UCS_INPROGRESS});
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    rp.cb.recv = &on_recv;
+    rp.user_data = &op;
+    void* req = ucp_tag_recv_nbx(worker, r.data, r.bytes, make_tag(s, r.peer, coll), ~ucp_tag_t{0}, &rp);
+    if (UCS_PTR_IS_ERR(req))
+      fail(std::string("ucp_tag_recv_nbx from rank ") + std::to_string(r.peer) + " failed: " +
+           ucs_status_string(UCS_PTR_STATUS(req)));
+    op.req = req;
+  }
+  for (const auto& snd : sends) {
+    void* req = ucp_tag_send_nbx(eps[static_cast<std::size_t>(snd.peer)], snd.data, snd.bytes,
+                                 make_tag(s, rank, coll), &p);
+    if (UCS_PTR_IS_ERR(req))
+      fail(std::string("ucp_tag_send_nbx to rank ") + std::to_string(snd.peer) + " failed: " +
+           ucs_status_string(UCS_PTR_STATUS(req)));
+    if (req) ops.push_back(Op{req, snd.peer, false, nullptr, snd.bytes, {}, UCS_INPROGRESS});  // null: completed in place
+  }
+  wait_all(coll, deadline, timeout);
+}
+
+void* UcxTransport::Impl::stage(std::size_t bytes) {
+#if GZ_HAVE_CUDA
+  if (bytes > staging_capacity) {
+    if (staging) GZ_CUDA_CHECK(cudaFreeHost(staging));
+    staging = nullptr;
+    staging_capacity = 0;
+    GZ_CUDA_CHECK(cudaHostAlloc(&staging, bytes, cudaHostAllocDefault));
+    staging_capacity = bytes;
+  }
+  return staging;
+#else
+  (void)bytes;
+  GZ_THROW(InvalidArgument, "ucx: CUDA buffers need a build with CUDA (GRADZIP_CUDA=ON)");
+#endif
+}
+
+std::size_t UcxTransport::staging_bytes() const { return impl_->staging_capacity; }
+
+std::string UcxTransport::describe() const {
+  const char* tls = std::getenv("UCX_TLS");
+  return std::string("ucx ") + ucp_get_version_string() + " UCX_TLS=" + (tls ? tls : "(default)") +
+         (impl_->efd >= 0 ? " wakeup=event" : " wakeup=busy-poll") +
+         (impl_->peer_errors ? " err_mode=peer" : " err_mode=none");
+}
+
+void UcxTransport::allgatherv(ConstSlice send, std::span<const Slice> recv, std::span<std::size_t> received,
+                              const CallContext& ctx) {
+  const auto P = static_cast<std::size_t>(size_);
+  const auto me = static_cast<std::size_t>(rank_);
+  GZ_ENFORCE(recv.size() == P && received.size() == P, "allgatherv needs one slot per rank");
+  GZ_ENFORCE_LE(send.bytes, recv[me].bytes, "allgatherv: this rank's buffer is larger than its slot");
+
+  if (ctx.device == Device::Cpu) {
+    std::vector<HostSend> sends;
+    std::vector<HostRecv> recvs;
+    sends.reserve(P);
+    recvs.reserve(P);
+    for (std::size_t r = 0; r < P; ++r) {
+      if (r == me) continue;
+      sends.push_back({static_cast<int>(r), send.data, send.bytes});
+      recvs.push_back({static_cast<int>(r), recv[r].data, recv[r].bytes, &received[r]});
+    }
+    if (recv[me].data != send.data && send.bytes) std::memmove(recv[me].data, send.data, send.bytes);
+    received[me] = send.bytes;
+    impl_->exchange(sends, recvs, Coll::Allgather, ctx.timeout);
+    return;
+  }
+#if GZ_HAVE_CUDA
+  // Stage: [send][slot 0]...[slot P-1], each 256-byte aligned, in pinned memory.
+  std::vector<std::size_t> off(P + 1);
+  std::size_t total = align_up(send.bytes, kWorkspaceAlign);
+  for (std::size_t r = 0; r < P; ++r) {
+    off[r] = total;
+    total += align_up(recv[r].bytes, kWorkspaceAlign);
+  }
+  auto* base = static_cast<std::byte*>(impl_->stage(total));
+  auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
+  if (send.bytes) GZ_CUDA_CHECK(cudaMemcpyAsync(base, send.data, send.bytes, cudaMemcpyDeviceToHost, stream));
+  GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<Slice> hrecv(P);
+  for (std::size_t r = 0; r < P; ++r) hrecv[r] = {base + off[r], recv[r].bytes};
+  hrecv[me] = {base, recv[me].bytes};  // the host copy of send is this rank's slot
+  allgatherv(ConstSlice{base, send.bytes}, hrecv, received, CallContext{Device::Cpu, nullptr, ctx.timeout});
+  for (std::size_t r = 0; r < P; ++r) {
+    if (r == me) {
+      if (recv[me].data != send.data && send.bytes)
+        GZ_CUDA_CHECK(cudaMemcpyAsync(recv[me].data, send.data, send.bytes, cudaMemcpyDeviceToDevice, stream));
+      continue;
+    }
+    if (received[r])
+      GZ_CUDA_CHECK(cudaMemcpyAsync(recv[r].data, hrecv[r].data, received[r], cudaMemcpyHostToDevice, stream));
+  }
+  // The staging memory is reused by the next call: let these copies finish.
+  GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+#else
+  impl_->stage(1);
+#endif
+}
+
+void UcxTransport::alltoallv(std::span<const ConstSlice> send, std::span<const Slice> recv,
+                             std::span<std::size_t> received, const CallContext& ctx) {
+  const auto P = static_cast<std::size_t>(size_);
+  const auto me = static_cast<std::size_t>(rank_);
+  GZ_ENFORCE(send.size() == P && recv.size() == P && received.size() == P, "alltoallv needs one slot per rank");
+  GZ_ENFORCE_LE(send[me].bytes, recv[me].bytes, "alltoallv: this rank's own buffer is larger than its slot");
+
+  if (ctx.device == Device::Cpu) {
+    std::vector<HostSend> sends;
+    std::vector<HostRecv> recvs;
+    sends.reserve(P);
+    recvs.reserve(P);
+    for (std::size_t r = 0; r < P; ++r) {
+      if (r == me) continue;
+      sends.push_back({static_cast<int>(r), send[r].data, send[r].bytes});
+      recvs.push_back({static_cast<int>(r), recv[r].data, recv[r].bytes, &received[r]});
+    }
+    if (recv[me].data != send[me].data && send[me].bytes) std::memmove(recv[me].data, send[me].data, send[me].bytes);
+    received[me] = send[me].bytes;
+    impl_->exchange(sends, recvs, Coll::Alltoall, ctx.timeout);
+    return;
+  }
+#if GZ_HAVE_CUDA
+  // Stage: [send 0..P-1][recv 0..P-1] in pinned memory.
+  std::vector<std::size_t> soff(P), roff(P);
+  std::size_t total = 0;
+  for (std::size_t r = 0; r < P; ++r) {
+    soff[r] = total;
+    total += align_up(send[r].bytes, kWorkspaceAlign);
+  }
+  for (std::size_t r = 0; r < P; ++r) {
+    roff[r] = total;
+    total += align_up(recv[r].bytes, kWorkspaceAlign);
+  }
+  auto* base = static_cast<std::byte*>(impl_->stage(total));
+  auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
+  std::vector<ConstSlice> hsend(P);
+  std::vector<Slice> hrecv(P);
+  for (std::size_t r = 0; r < P; ++r) {
+    hsend[r] = {base + soff[r], send[r].bytes};
+    hrecv[r] = {base + roff[r], recv[r].bytes};
+    if (r != me && send[r].bytes)
+      GZ_CUDA_CHECK(cudaMemcpyAsync(base + soff[r], send[r].data, send[r].bytes, cudaMemcpyDeviceToHost, stream));
+  }
+  hsend[me] = {nullptr, 0};
+  GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  alltoallv(hsend, hrecv, received, CallContext{Device::Cpu, nullptr, ctx.timeout});
+  for (std::size_t r = 0; r < P; ++r) {
+    if (r == me) {
+      received[me] = send[me].bytes;
+      if (recv[me].data != send[me].data && send[me].bytes)
+        GZ_CUDA_CHECK(
+            cudaMemcpyAsync(recv[me].data, send[me].data, send[me].bytes, cudaMemcpyDeviceToDevice, stream));
+      continue;
+    }
+    if (received[r])
+      GZ_CUDA_CHECK(cudaMemcpyAsync(recv[r].data, hrecv[r].data, received[r], cudaMemcpyHostToDevice, stream));
+  }
+  GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+#else
+  impl_->stage(1);
+#endif
+}
+
+void UcxTransport::barrier(const CallContext& ctx) {
+  const auto P = static_cast<std::size_t>(size_);
+  std::byte out{1};
+  std::vector<std::byte> in(P);
+  std::vector<std::size_t> got(P);
+  std::vector<HostSend> sends;
+  std::vector<HostRecv> recvs;
+  for (std::size_t r = 0; r < P; ++r) {
+    if (r == static_cast<std::size_t>(rank_)) continue;
+    sends.push_back({static_cast<int>(r), &out, 1});
+    recvs.push_back({static_cast<int>(r), &in[r], 1, &got[r]});
+  }
+  impl_->exchange(sends, recvs, Coll::Barrier, ctx.timeout);
+}
+
+}  // namespace gz

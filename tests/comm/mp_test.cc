@@ -1,0 +1,264 @@
+// Real multi-process runs: each rank a process, the Store a TcpStore hosted
+// by rank 0, the transport UCX over loopback / shared memory
+// (Communicator::from_env, exactly what users and the Python bindings call).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "common/error.h"
+#include "tests/comm/multiprocess.h"
+#include "tests/comm/reference.h"
+
+namespace gz::test {
+namespace {
+
+AllreduceCall with(Algorithm a, ReduceOp op = ReduceOp::Sum) {
+  AllreduceCall c;
+  c.algorithm = a;
+  c.op = op;
+  return c;
+}
+
+MpOptions opts(int timeout_s = 20, int limit_s = 90) {
+  MpOptions o;
+  o.limit = std::chrono::seconds(limit_s);
+  o.env["GRADZIP_TIMEOUT_S"] = std::to_string(timeout_s);
+  return o;
+}
+
+void expect_all_ok(const std::vector<RankOutcome>& res) {
+  for (const auto& o : res)
+    EXPECT_TRUE(o.exit_code == kOk && !o.signal) << "rank " << o.rank << " failed:\n" << describe(res);
+}
+
+class Mp : public ::testing::TestWithParam<int> {};
+
+// none over UCX equals the exact sum bit for bit (integer-valued inputs), for
+// both algorithms and uneven sizes (n % P != 0, n < P, n = 1, n = 0), and
+// average is that times 1/P.
+TEST_P(Mp, NoneIsExactForEveryAlgorithmAndSize) {
+  const int P = GetParam();
+  const auto res = run_ranks(P, [P](int rank) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto codec = make_codec("none");
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t(P - 1), std::size_t{1001}, std::size_t{300007}})
+      for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average}) {
+          AllreduceState state;
+          auto buf = make_input(rank, n, 0, true);
+          comm->allreduce(buf.data(), n, *codec, state, with(a, op));
+          const auto exact = exact_sum(P, n, 0, true);
+          const float scale = op == ReduceOp::Sum ? 1.0f : 1.0f / static_cast<float>(P);
+          for (std::size_t i = 0; i < n; ++i) MP_CHECK(buf[i] == static_cast<float>(exact[i]) * scale);
+        }
+    return kOk;
+  }, opts());
+  expect_all_ok(res);
+}
+
+// Every codec, both algorithms: within the documented error, and the same
+// bits on every rank (each rank prints a fingerprint; the parent compares).
+TEST_P(Mp, CodecsAreWithinBoundAndIdenticalOnAllRanks) {
+  const int P = GetParam();
+  const std::vector<std::string> specs = {"fp16", "bf16", "onebit", "topk:density=0.01",
+                                          "topk:density=0.05,select=sample"};
+  const auto res = run_ranks(P, [&](int rank) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    for (const auto& spec : specs)
+      for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
+        for (std::size_t n : {std::size_t{5}, std::size_t{40009}}) {
+          auto codec = make_codec(spec);
+          AllreduceState state;
+          auto buf = make_input(rank, n);
+          comm->allreduce(buf.data(), n, *codec, state, with(a));
+          const double err = rel_error(buf, exact_sum(P, n));
+          if (n > 100) MP_CHECK(err <= error_bound(codec->config()));
+          std::printf("FP %s %s %zu %016" PRIx64 " err=%.3g\n", spec.c_str(), to_string(a), n,
+                      fingerprint(buf.data(), n), err);
+        }
+    return kOk;
+  }, opts());
+  expect_all_ok(res);
+  const auto fp0 = tagged_lines(res[0], "FP ");
+  EXPECT_EQ(fp0.size(), specs.size() * 4);
+  for (int r = 1; r < P; ++r) {
+    // Same codec, algorithm, n and bits; the error column is the same too.
+    EXPECT_EQ(tagged_lines(res[static_cast<std::size_t>(r)], "FP "), fp0) << "rank " << r << " differs:\n" << describe(res);
+  }
+}
+
+// Error feedback over many steps: the running sum of the results tracks the
+// true running sum.
+TEST_P(Mp, ErrorFeedbackConvergesToTheRunningSum) {
+  const int P = GetParam();
+  const auto res = run_ranks(P, [P](int rank) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    const std::size_t n = 1500;
+    const int steps = 200;
+    for (const char* spec : {"topk:density=0.01", "onebit"}) {
+      auto codec = make_codec(spec);
+      AllreduceState state;
+      std::vector<double> got(n), want(n);
+      for (int s = 0; s < steps; ++s) {
+        auto buf = make_input(rank, n, s);
+        comm->allreduce(buf.data(), n, *codec, state);
+        const auto ex = exact_sum(P, n, s);
+        for (std::size_t i = 0; i < n; ++i) {
+          got[i] += buf[i];
+          want[i] += ex[i];
+        }
+      }
+      const double err = rel_error(got, want);
+      std::printf("EF %s running-sum error %.4f\n", spec, err);
+      MP_CHECK(err < 0.3);
+    }
+    return kOk;
+  }, opts());
+  expect_all_ok(res);
+}
+
+// One rank calls with another codec and n: every rank fails, naming it.
+TEST_P(Mp, MismatchFailsOnEveryRankNamingTheRank) {
+  const int P = GetParam();
+  const int odd = P - 1;
+  const auto res = run_ranks(P, [odd](int rank) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto codec = make_codec(rank == odd ? "fp16" : "onebit");
+    AllreduceState state;
+    std::vector<float> buf(rank == odd ? 77 : 100, 1.0f);
+    comm->allreduce(buf.data(), buf.size(), *codec, state);
+    return kOk;
+  }, opts());
+  const std::string who = "rank " + std::to_string(odd) + " 'fp16'";
+  const std::string n = "rank " + std::to_string(odd) + " '77'";
+  for (const auto& o : res) {
+    EXPECT_EQ(o.exit_code, kInvalidArgument) << describe(res);
+    EXPECT_NE(o.output.find(who), std::string::npos) << describe(res);
+    EXPECT_NE(o.output.find(n), std::string::npos) << describe(res);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Mp, ::testing::Values(2, 3, 4), ::testing::PrintToStringParamName());
+
+// The last rank dies (SIGKILL) while the others are inside allreduce calls:
+// they fail with IoError within the timeout, never hang.
+// Returns how long after the death each survivor failed.
+std::vector<double> kill_one_rank(const std::map<std::string, std::string>& env) {
+  const int P = 3, timeout_s = 5;
+  MpOptions mo = opts(timeout_s, 60);
+  for (const auto& [k, v] : env) mo.env[k] = v;
+  const auto res = run_ranks(P, [P](int rank) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto codec = make_codec("none");
+    AllreduceState state;
+    const std::size_t n = 1 << 20;
+    std::vector<float> buf(n, 1.0f);
+    comm->allreduce(buf.data(), n, *codec, state);  // all alive: works
+    if (rank == P - 1) {
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        ::raise(SIGKILL);
+      }).detach();
+    }
+    for (int i = 0; i < 100000; ++i) comm->allreduce(buf.data(), n, *codec, state);
+    return kOk;
+  }, mo);
+  const double died = res[P - 1].seconds;
+  std::vector<double> after;
+  EXPECT_EQ(res[P - 1].signal, SIGKILL) << describe(res);
+  for (int r = 0; r < P - 1; ++r) {
+    const auto& o = res[static_cast<std::size_t>(r)];
+    EXPECT_EQ(o.exit_code, kIoError) << describe(res);
+    EXPECT_LT(o.seconds - died, timeout_s + 2.0) << "rank " << r << " took too long to notice:\n" << describe(res);
+    EXPECT_NE(o.output.find("IoError"), std::string::npos) << describe(res);
+    std::printf("rank %d failed %.2f s after rank %d died\n", r, o.seconds - died, P - 1);
+    after.push_back(o.seconds - died);
+  }
+  return after;
+}
+
+// Shared memory (the local default): UCX's shm transports report no peer
+// failure, so the wait deadline ends the wait.
+TEST(MpFailure, KilledRankMakesTheOthersFailWithinTheTimeout) { kill_one_rank({}); }
+
+// UCX_TLS=tcp (as in the emulated cluster): endpoints use the peer error
+// mode, so the error handler reports the death long before the timeout.
+TEST(MpFailure, KilledRankOverTcpIsReportedByTheErrorHandler) {
+  for (double s : kill_one_rank({{"UCX_TLS", "tcp,self"}})) EXPECT_LT(s, 2.0);
+}
+
+// The last rank stops answering (SIGSTOP: alive, silent): the others time out
+// with IoError naming the rank they waited for, within the timeout.
+TEST(MpFailure, SilentRankMakesTheOthersTimeOut) {
+  const int P = 3, timeout_s = 3;
+  const auto res = run_ranks(P, [P](int rank) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto codec = make_codec("onebit");
+    AllreduceState state;
+    std::vector<float> buf(1000, 1.0f);
+    comm->allreduce(buf.data(), buf.size(), *codec, state);
+    if (rank == P - 1) {
+      std::printf("stopping\n");
+      std::fflush(stdout);
+      ::raise(SIGSTOP);  // the parent's time limit ends it
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      comm->allreduce(buf.data(), buf.size(), *codec, state);
+    } catch (const IoError& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("WAITED %.2f\n", s);
+      throw;
+    }
+    return kOk;
+  }, opts(timeout_s, timeout_s + 5));
+  for (int r = 0; r < P - 1; ++r) {
+    const auto& o = res[static_cast<std::size_t>(r)];
+    EXPECT_EQ(o.exit_code, kIoError) << describe(res);
+    EXPECT_NE(o.output.find("timed out"), std::string::npos) << describe(res);
+    EXPECT_NE(o.output.find(std::to_string(P - 1)), std::string::npos) << describe(res);
+    const auto waited = tagged_lines(o, "WAITED ");
+    ASSERT_EQ(waited.size(), 1u) << describe(res);
+    EXPECT_GE(std::stod(waited[0]), timeout_s - 0.5);
+    EXPECT_LT(std::stod(waited[0]), timeout_s + 2.0);
+  }
+  EXPECT_TRUE(res[P - 1].timed_out) << describe(res);
+}
+
+// Checkpointing across processes: save, rebuild, restore, continue: the same
+// bits as a run that never stopped.
+TEST(MpState, SaveRestoreContinuesBitIdentically) {
+  const int P = 3;
+  const auto res = run_ranks(P, [](int rank) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto codec = make_codec("onebit");
+    const std::size_t n = 10007;
+    std::uint64_t fp[2] = {0, 0};
+    for (int mode = 0; mode < 2; ++mode) {
+      auto state = std::make_unique<AllreduceState>();
+      std::vector<float> buf;
+      for (int s = 0; s < 8; ++s) {
+        if (mode == 1 && s == 4) {
+          const std::string saved = state->save();
+          state = std::make_unique<AllreduceState>();
+          state->restore(saved);
+        }
+        buf = make_input(rank, n, s);
+        comm->allreduce(buf.data(), n, *codec, *state, with(Algorithm::ScatterReduce));
+      }
+      fp[mode] = fingerprint(buf.data(), n);
+    }
+    MP_CHECK(fp[0] == fp[1]);
+    return kOk;
+  }, opts());
+  expect_all_ok(res);
+}
+
+}  // namespace
+}  // namespace gz::test

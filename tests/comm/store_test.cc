@@ -1,0 +1,166 @@
+// Stores: HashStore and PrefixStore semantics; TcpStore over loopback, and a
+// TcpStore server that meets garbage and oversized frames.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "comm/hash_store.h"
+#include "comm/prefix_store.h"
+#include "comm/socket.h"
+#include "comm/store_protocol.h"
+#include "comm/tcp_store.h"
+#include "common/error.h"
+
+namespace gz {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The same contract for every Store.
+void check_store_contract(Store& a, Store& b) {
+  a.set("k1", std::string("v\0x", 3));
+  EXPECT_EQ(b.get("k1"), std::string("v\0x", 3));
+  std::thread setter([&] {
+    std::this_thread::sleep_for(50ms);
+    a.set("late", "here");
+  });
+  b.wait({"k1", "late"}, Timeout(5000));  // wakes when the key arrives
+  setter.join();
+  EXPECT_EQ(b.get("late"), "here");
+  EXPECT_EQ(a.add("ctr", 5), 5);
+  EXPECT_EQ(b.add("ctr", -2), 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    b.wait({"k1", "never1", "never2"}, Timeout(200));
+    ADD_FAILURE() << "wait should time out";
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("never1, "), std::string::npos) << m;
+    EXPECT_NE(m.find("never2"), std::string::npos) << m;
+    EXPECT_EQ(m.find("k1"), std::string::npos) << "only missing keys are listed: " << m;
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, 190ms);
+  EXPECT_LT(waited, 3s);
+}
+
+TEST(HashStore, Contract) {
+  HashStore s;
+  check_store_contract(s, s);
+}
+
+TEST(PrefixStore, SeparatesNamespaces) {
+  auto base = std::make_shared<HashStore>();
+  PrefixStore a("a", base), b("b", base), a2("a", base);
+  check_store_contract(a, a2);
+  a.set("x", "1");
+  b.set("x", "2");
+  EXPECT_EQ(a.get("x"), "1");
+  EXPECT_EQ(b.get("x"), "2");
+  EXPECT_EQ(base->get("a/x"), "1");
+}
+
+TEST(TcpStore, ContractOverLoopback) {
+  TcpStore server("127.0.0.1", 0, true, Timeout(5000));
+  TcpStore client("127.0.0.1", server.port(), false, Timeout(5000));
+  check_store_contract(server, client);
+}
+
+TEST(TcpStore, ManyClientsRendezvous) {
+  TcpStore host("127.0.0.1", 0, true, Timeout(5000));
+  const int P = 8;
+  std::vector<std::thread> ts;
+  std::vector<std::string> seen(P);
+  for (int r = 0; r < P; ++r)
+    ts.emplace_back([&, r] {
+      TcpStore c("127.0.0.1", host.port(), false, Timeout(5000));
+      c.set("addr/" + std::to_string(r), std::string(300, static_cast<char>('a' + r)));
+      for (int q = 0; q < P; ++q) seen[r] += c.get("addr/" + std::to_string(q)).substr(0, 1);
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < P; ++r) EXPECT_EQ(seen[r], "abcdefgh");
+}
+
+TEST(TcpStore, ClientRejectsOversizedValuesAndKeys) {
+  TcpStore s("127.0.0.1", 0, true, Timeout(5000));
+  EXPECT_THROW(s.set("big", std::string(store_proto::kMaxValue + 1, 'x')), InvalidArgument);
+  EXPECT_THROW(s.set(std::string(store_proto::kMaxKey + 1, 'k'), "v"), InvalidArgument);
+  s.set("ok", "still works");
+  EXPECT_EQ(s.get("ok"), "still works");
+}
+
+// Sends raw bytes on a new connection; true when the server closed it.
+bool server_closes_after(int port, const std::string& bytes) {
+  net::Fd fd = net::connect_tcp("127.0.0.1", port, net::Clock::now() + 5s);
+  net::write_all(fd.get(), bytes.data(), bytes.size(), net::Clock::now() + 5s);
+  char c;
+  try {
+    net::read_exact(fd.get(), &c, 1, net::Clock::now() + 5s);
+  } catch (const IoError& e) {
+    return std::string(e.what()).find("closed") != std::string::npos;
+  }
+  return false;
+}
+
+TEST(TcpStoreServer, DisconnectsGarbageAndOversizedFramesAndKeepsServing) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore good("127.0.0.1", server.port(), false, Timeout(5000));
+  good.set("before", "1");
+
+  std::string huge;  // a valid magic, then a length far over the limit
+  store_proto::put_u32(huge, store_proto::kMagic);
+  store_proto::put_u32(huge, 0xFFFFFFF0u);
+  EXPECT_TRUE(server_closes_after(server.port(), huge));
+  EXPECT_TRUE(server_closes_after(server.port(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::string bad_op;  // well framed, unknown op
+  store_proto::put_u8(bad_op, 99);
+  EXPECT_TRUE(server_closes_after(server.port(), store_proto::frame(bad_op)));
+  std::string lying_key;  // a key length past the end of the frame
+  store_proto::put_u8(lying_key, static_cast<std::uint8_t>(store_proto::Op::Set));
+  store_proto::put_u32(lying_key, 1000000);
+  lying_key += "abc";
+  EXPECT_TRUE(server_closes_after(server.port(), store_proto::frame(lying_key)));
+  std::string many_keys;  // a wait on more keys than allowed
+  store_proto::put_u8(many_keys, static_cast<std::uint8_t>(store_proto::Op::Wait));
+  store_proto::put_u32(many_keys, 10);
+  store_proto::put_u32(many_keys, 1u << 30);
+  EXPECT_TRUE(server_closes_after(server.port(), store_proto::frame(many_keys)));
+  EXPECT_EQ(server.rejected(), 5u);
+
+  // The well-behaved client was never disturbed.
+  good.set("after", "2");
+  EXPECT_EQ(good.get("before"), "1");
+  EXPECT_EQ(good.get("after"), "2");
+  TcpStore late("127.0.0.1", server.port(), false, Timeout(5000));
+  EXPECT_EQ(late.get("after"), "2");
+}
+
+TEST(TcpStore, ClientFailsClearlyWhenTheServerIsGone) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  TcpStore c("127.0.0.1", server->port(), false, Timeout(2000));
+  c.set("x", "1");
+  server.reset();
+  try {
+    c.get("x");
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("store"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TcpStore, ConnectTimesOutWithoutAServer) {
+  const int port = [] {  // a port nobody listens on
+    net::Fd l = net::listen_tcp("127.0.0.1", 0);
+    return net::bound_port(l.get());
+  }();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(TcpStore("127.0.0.1", port, false, Timeout(300)), IoError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+}  // namespace
+}  // namespace gz
