@@ -151,7 +151,7 @@ class AllreduceWorkspace {
   /// Payload slots + chunk sum (the part bounded by (P+1) payloads + n/P floats).
   std::size_t comm_bytes() const { return slots_.capacity() + sum_.capacity(); }
   /// The codec's own scratch.
-  std::size_t codec_bytes() const { return codec_ws_.capacity(); }
+  std::size_t codec_bytes() const { return codec_ws_.capacity() + status_.capacity(); }
   std::size_t bytes() const { return comm_bytes() + codec_bytes(); }
 
   /// The comm bytes a call needs: what bytes() grows to (for reports and
@@ -162,6 +162,7 @@ class AllreduceWorkspace {
   friend struct AllreduceRun;
   Device device_ = Device::Cpu;
   Buffer slots_, sum_, codec_ws_;
+  Buffer status_;  // CUDA: the decodes' PayloadStatus (checked once per phase, not per decode)
   std::uint64_t id_;
   std::uint64_t agreements_ = 0;
   // Per-call tables, sized once per world size.

@@ -9,15 +9,10 @@
 #include "kernels/cpu.h"
 #if GZ_HAVE_CUDA
 #include "common/cuda_check.h"
+#include "kernels/cuda.h"
 #endif
 
 namespace gz {
-
-#if GZ_HAVE_CUDA
-namespace cuda_ops {
-void scale(float* p, std::size_t n, float alpha, cudaStream_t stream);  // memory.cu
-}
-#endif
 
 namespace {
 
@@ -110,7 +105,7 @@ void scale(float* p, std::size_t n, float alpha, Device device, Stream stream) {
     return;
   }
 #if GZ_HAVE_CUDA
-  cuda_ops::scale(p, n, alpha, reinterpret_cast<cudaStream_t>(stream));
+  kernels::cuda::scale(p, n, alpha, stream);
 #else
   (void)stream;
   no_cuda();

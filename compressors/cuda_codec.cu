@@ -1,5 +1,5 @@
 // Device-side payload validation (the checks of compressors/wire_format.cc,
-// through check_header in payload_status.h) and the header blob.
+// through wire::check_header) and the header blob.
 #include <cuda_runtime.h>
 
 #include <cstring>

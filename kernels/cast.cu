@@ -57,6 +57,10 @@ __global__ void __launch_bounds__(kThreads)
   for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] += in[i];
 }
 
+__global__ void __launch_bounds__(kThreads) scale_kernel(float* __restrict__ out, std::size_t n, float alpha) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] *= alpha;
+}
+
 // ---- fp16 / bf16 ------------------------------------------------------------
 
 // 8 elements per step: two float4 of g (and r), one 16-byte store of payload.
@@ -146,6 +150,12 @@ void add_accumulate(const float* in, std::size_t n, float* out, const std::uint3
   const bool vec = aligned16(in) && aligned16(out);
   add_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(in, n, out, gate, vec);
   GZ_LAUNCH_CHECK(add_kernel);
+}
+
+void scale(float* out, std::size_t n, float alpha, Stream stream) {
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, alpha);
+  GZ_LAUNCH_CHECK(scale_kernel);
 }
 
 template <class Fmt>

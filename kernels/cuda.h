@@ -48,6 +48,8 @@ std::uint32_t fetch_word(const std::uint32_t* device_word, Stream stream);
 void copy_encode(const float* g, float* r, std::size_t n, float* out, const Blob32& head, Stream stream);
 /// out += in.
 void add_accumulate(const float* in, std::size_t n, float* out, const std::uint32_t* gate, Stream stream);
+/// out *= alpha (an average's final step).
+void scale(float* out, std::size_t n, float alpha, Stream stream);
 
 // ---- fp16 / bf16 (Fmt = HalfFormat | BFloat16Format) -----------------------
 template <class Fmt>

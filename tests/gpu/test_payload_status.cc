@@ -44,7 +44,7 @@ TEST(PayloadHeaderCheck, AgreesWithTheCpuChecks) {
     if (coin(rng) == 0) h.version = static_cast<std::uint16_t>(pick({0, 2, 0xFFFF}));
     if (coin(rng) == 0) h.flags = static_cast<std::uint32_t>(pick({1, 0x80000000ull}));
     const bool known = codec >= 1 && codec <= 5 && !(codec == 4 && h.param == 0);
-    h.body_bytes = known ? wire_hd::body_bytes(codec, h.param, h.count) : 0;
+    h.body_bytes = known ? wire::body_bytes(static_cast<CodecId>(codec), h.param, h.count) : 0;
     if (coin(rng) == 0) h.body_bytes += pick({1, 8, ~std::uint64_t{0}});
     std::uint64_t size = 32 + h.body_bytes;
     if (coin(rng) == 0) size = pick({32, 33, 40, 1u << 20});
