@@ -351,6 +351,17 @@ void AllreduceRun::run_scatter_reduce() {
   phase_end(stats.decode_s, t0);
 }
 
+double allreduce_error_bound(const CodecConfig& c) {
+  switch (c.id) {
+    case CodecId::None: return 1e-6;
+    case CodecId::Fp16: return 1e-3;
+    case CodecId::Bf16: return 8e-3;
+    case CodecId::OneBit: return 1.0;
+    case CodecId::TopK: return 1.0;
+  }
+  return 0;
+}
+
 void allreduce(const AllreduceOptions& o) {
   GZ_ENFORCE(o.transport != nullptr, "allreduce needs a transport");
   GZ_ENFORCE(o.workspace != nullptr, "allreduce needs a workspace (one per transport)");

@@ -74,6 +74,12 @@ struct ChunkRange {
 };
 ChunkRange chunk_range(std::size_t n, int ranks, int j);
 
+/// The documented single-call error of a codec's allreduce (docs/comm.md):
+/// the relative L2 error ||out - exact|| / ||exact|| of one call from a zero EF
+/// state on N(0, 1)-like inputs, either algorithm, up to 16 ranks. Error
+/// feedback then drives the running sum toward the exact one over steps.
+double allreduce_error_bound(const CodecConfig& codec);
+
 /// Time spent in each phase of the last call on this rank, and bytes sent.
 struct AllreduceStats {
   Algorithm algorithm = Algorithm::Auto;  ///< what ran

@@ -112,7 +112,10 @@ void scale(float* p, std::size_t n, float alpha, Device device, Stream stream) {
 #endif
 }
 
-void to_host(void* dst, const void* src, std::size_t bytes, Device device, Stream stream) {
+namespace {
+
+// Copies between host and `device` memory and waits for the copy.
+void copy_and_wait(void* dst, const void* src, std::size_t bytes, Device device, Stream stream, bool to_host) {
   if (!bytes) return;
   if (device == Device::Cpu) {
     std::memcpy(dst, src, bytes);
@@ -120,28 +123,23 @@ void to_host(void* dst, const void* src, std::size_t bytes, Device device, Strea
   }
 #if GZ_HAVE_CUDA
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  GZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  GZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s));
   GZ_CUDA_CHECK(cudaStreamSynchronize(s));
 #else
   (void)stream;
+  (void)to_host;
   no_cuda();
 #endif
 }
 
+}  // namespace
+
+void to_host(void* dst, const void* src, std::size_t bytes, Device device, Stream stream) {
+  copy_and_wait(dst, src, bytes, device, stream, true);
+}
+
 void from_host(void* dst, const void* src, std::size_t bytes, Device device, Stream stream) {
-  if (!bytes) return;
-  if (device == Device::Cpu) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#if GZ_HAVE_CUDA
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
-  GZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-  GZ_CUDA_CHECK(cudaStreamSynchronize(s));
-#else
-  (void)stream;
-  no_cuda();
-#endif
+  copy_and_wait(dst, src, bytes, device, stream, false);
 }
 
 void synchronize(Device device, Stream stream) {

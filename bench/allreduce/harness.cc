@@ -42,17 +42,6 @@ std::uint64_t fingerprint(const float* p, std::size_t n) {
 
 }  // namespace
 
-double error_bound(const CodecConfig& c) {
-  switch (c.id) {
-    case CodecId::None: return 1e-6;
-    case CodecId::Fp16: return 1e-3;
-    case CodecId::Bf16: return 8e-3;
-    case CodecId::OneBit: return 1.0;
-    case CodecId::TopK: return 1.0;
-  }
-  return 0;
-}
-
 struct Harness::Impl {
   Communicator& comm;
   const Options& o;
@@ -133,7 +122,7 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   row.transport = to_string(m.o.transport);
   row.ranks = m.P;
   row.elements = n;
-  row.error_bound = error_bound(codec->config());
+  row.error_bound = allreduce_error_bound(codec->config());
   m.prepare(n);
 
   AllreduceState state;
