@@ -1,5 +1,7 @@
 #include "comm/allreduce.h"
 
+#include "compressors/payload_status.h"
+
 #include <chrono>
 #include <cstring>
 
@@ -112,6 +114,12 @@ struct AllreduceRun {
     return body <= capacity - wire::kHeaderBytes ? wire::kHeaderBytes + body : capacity;
   }
   // Phase timing: with stats on a device, wait for the phase to finish.
+  // Throws PayloadError if a GPU decode of this call rejected a payload
+  // (synchronizes the stream). CPU decodes throw on the spot.
+  void check_decodes() {
+    if (exec.status) check_payload_status(exec.status, o.stream);
+  }
+
   void phase_end(double& acc, Clock::time_point& t0) {
     if (!o.stats) return;
     mem::synchronize(o.device, o.stream);
@@ -194,6 +202,7 @@ void AllreduceRun::prepare_workspace() {
     ws.slots_.reset(memory_of(o.device));
     ws.sum_.reset(memory_of(o.device));
     ws.codec_ws_.reset(memory_of(o.device));
+    ws.status_.reset(memory_of(o.device));
   }
   const std::size_t mine = chunk_range(o.n, P, me).count;
   const std::size_t total = AllreduceWorkspace::comm_bytes_for(codec, o.n, P, me, algo);
@@ -203,6 +212,13 @@ void AllreduceRun::prepare_workspace() {
   const std::size_t largest = algo == Algorithm::Allgather ? o.n : chunk_range(o.n, P, 0).count;
   ws.codec_ws_.reserve(codec.workspace_bytes(largest, o.device));
   exec = ExecContext{o.device, o.stream, ws.codec_ws_.data(), ws.codec_ws_.capacity()};
+  if (o.device == Device::Cuda) {
+    // GPU decodes report a malformed payload into this word instead of each
+    // synchronizing to throw; check_decodes() reads it once per phase.
+    ws.status_.reserve(sizeof(PayloadStatus));
+    mem::zero(ws.status_.data(), sizeof(PayloadStatus), o.device, o.stream);
+    exec.status = static_cast<PayloadStatus*>(ws.status_.data());
+  }
   if (ws.recv_.size() != static_cast<std::size_t>(P)) {
     ws.recv_.resize(static_cast<std::size_t>(P));
     ws.send_.resize(static_cast<std::size_t>(P));
@@ -241,6 +257,7 @@ void AllreduceRun::run_allgather() {
   mem::zero(o.buffer, 4 * n, o.device, o.stream);
   for (std::size_t i = 0; i < P_; ++i)
     codec.decode_accumulate(slot(i), payload_size(slot(i), ws.received_[i], cap), o.buffer, n, exec);
+  check_decodes();
   phase_end(stats.decode_s, t0);
 }
 
@@ -302,6 +319,7 @@ void AllreduceRun::run_scatter_reduce() {
     std::byte* p = area_b + i * b_stride;
     codec.decode_accumulate(p, payload_size(p, ws.received_[i], own_cap), chunk_sum, own.count, exec);
   }
+  check_decodes();  // never re-encode a sum of a rejected payload
   phase_end(stats.decode_s, t0);
 
   // 4. Re-encode the chunk sum (server error feedback) into A[me].
@@ -329,7 +347,19 @@ void AllreduceRun::run_scatter_reduce() {
     codec.decode_accumulate(p, payload_size(p, ws.received_[j], ws.recv_[j].bytes), o.buffer + c.offset, c.count,
                             exec);
   }
+  check_decodes();
   phase_end(stats.decode_s, t0);
+}
+
+double allreduce_error_bound(const CodecConfig& c) {
+  switch (c.id) {
+    case CodecId::None: return 1e-6;
+    case CodecId::Fp16: return 1e-3;
+    case CodecId::Bf16: return 8e-3;
+    case CodecId::OneBit: return 1.0;
+    case CodecId::TopK: return 1.0;
+  }
+  return 0;
 }
 
 void allreduce(const AllreduceOptions& o) {

@@ -74,6 +74,12 @@ struct ChunkRange {
 };
 ChunkRange chunk_range(std::size_t n, int ranks, int j);
 
+/// The documented single-call error of a codec's allreduce (docs/comm.md):
+/// the relative L2 error ||out - exact|| / ||exact|| of one call from a zero EF
+/// state on N(0, 1)-like inputs, either algorithm, up to 16 ranks. Error
+/// feedback then drives the running sum toward the exact one over steps.
+double allreduce_error_bound(const CodecConfig& codec);
+
 /// Time spent in each phase of the last call on this rank, and bytes sent.
 struct AllreduceStats {
   Algorithm algorithm = Algorithm::Auto;  ///< what ran
@@ -151,7 +157,7 @@ class AllreduceWorkspace {
   /// Payload slots + chunk sum (the part bounded by (P+1) payloads + n/P floats).
   std::size_t comm_bytes() const { return slots_.capacity() + sum_.capacity(); }
   /// The codec's own scratch.
-  std::size_t codec_bytes() const { return codec_ws_.capacity(); }
+  std::size_t codec_bytes() const { return codec_ws_.capacity() + status_.capacity(); }
   std::size_t bytes() const { return comm_bytes() + codec_bytes(); }
 
   /// The comm bytes a call needs: what bytes() grows to (for reports and
@@ -162,6 +168,7 @@ class AllreduceWorkspace {
   friend struct AllreduceRun;
   Device device_ = Device::Cpu;
   Buffer slots_, sum_, codec_ws_;
+  Buffer status_;  // CUDA: the decodes' PayloadStatus (checked once per phase, not per decode)
   std::uint64_t id_;
   std::uint64_t agreements_ = 0;
   // Per-call tables, sized once per world size.

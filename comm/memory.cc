@@ -9,15 +9,10 @@
 #include "kernels/cpu.h"
 #if GZ_HAVE_CUDA
 #include "common/cuda_check.h"
+#include "kernels/cuda.h"
 #endif
 
 namespace gz {
-
-#if GZ_HAVE_CUDA
-namespace cuda_ops {
-void scale(float* p, std::size_t n, float alpha, cudaStream_t stream);  // memory.cu
-}
-#endif
 
 namespace {
 
@@ -110,14 +105,17 @@ void scale(float* p, std::size_t n, float alpha, Device device, Stream stream) {
     return;
   }
 #if GZ_HAVE_CUDA
-  cuda_ops::scale(p, n, alpha, reinterpret_cast<cudaStream_t>(stream));
+  kernels::cuda::scale(p, n, alpha, stream);
 #else
   (void)stream;
   no_cuda();
 #endif
 }
 
-void to_host(void* dst, const void* src, std::size_t bytes, Device device, Stream stream) {
+namespace {
+
+// Copies between host and `device` memory and waits for the copy.
+void copy_and_wait(void* dst, const void* src, std::size_t bytes, Device device, Stream stream, bool to_host) {
   if (!bytes) return;
   if (device == Device::Cpu) {
     std::memcpy(dst, src, bytes);
@@ -125,28 +123,23 @@ void to_host(void* dst, const void* src, std::size_t bytes, Device device, Strea
   }
 #if GZ_HAVE_CUDA
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  GZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  GZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s));
   GZ_CUDA_CHECK(cudaStreamSynchronize(s));
 #else
   (void)stream;
+  (void)to_host;
   no_cuda();
 #endif
+}
+
+}  // namespace
+
+void to_host(void* dst, const void* src, std::size_t bytes, Device device, Stream stream) {
+  copy_and_wait(dst, src, bytes, device, stream, true);
 }
 
 void from_host(void* dst, const void* src, std::size_t bytes, Device device, Stream stream) {
-  if (!bytes) return;
-  if (device == Device::Cpu) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#if GZ_HAVE_CUDA
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
-  GZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-  GZ_CUDA_CHECK(cudaStreamSynchronize(s));
-#else
-  (void)stream;
-  no_cuda();
-#endif
+  copy_and_wait(dst, src, bytes, device, stream, false);
 }
 
 void synchronize(Device device, Stream stream) {

@@ -3,6 +3,10 @@
 #include "compressors/wire_format.h"
 #include "kernels/cast.h"
 #include "kernels/cpu.h"
+#if GZ_HAVE_CUDA
+#include "compressors/cuda_codec.h"
+#include "kernels/cuda.h"
+#endif
 
 namespace gz::codecs {
 namespace {
@@ -21,6 +25,18 @@ class CastCodec final : public Codec {
   void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
     kernels::cpu::cast_decode_accumulate<Fmt>(reinterpret_cast<const std::uint16_t*>(p.body), p.count, out);
   }
+#if GZ_HAVE_CUDA
+  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
+                          const ExecContext& ctx) override {
+    kernels::cuda::cast_encode<Fmt>(g, r, n, reinterpret_cast<std::uint16_t*>(payload + wire::kHeaderBytes),
+                                    cuda_codec::header_blob(id(), 0, n, 2 * n, payload), ctx.stream);
+    return wire::kHeaderBytes + 2 * n;
+  }
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
+    kernels::cuda::cast_decode_accumulate<Fmt>(reinterpret_cast<const std::uint16_t*>(payload + wire::kHeaderBytes),
+                                               n, out, &ctx.status->code, ctx.stream);
+  }
+#endif
 };
 
 }  // namespace

@@ -3,13 +3,25 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/workspace.h"
 #include "compressors/wire_format.h"
+
+#if GZ_HAVE_CUDA
+#include "common/cuda_check.h"
+#include "compressors/cuda_codec.h"
+#endif
 
 namespace gz {
 
-Codec::~Codec() = default;
+Codec::~Codec() {
+#if GZ_HAVE_CUDA
+  if (device_scratch_) (void)cudaFree(device_scratch_);  // no throw from a destructor; at exit the runtime may be gone
+#endif
+}
 
-std::size_t Codec::workspace_bytes(std::size_t, Device) const { return 0; }
+std::size_t Codec::workspace_bytes(std::size_t, Device device) const {
+  return device == Device::Cuda ? kCudaStatusBytes : 0;
+}
 
 bool Codec::expected_param(std::size_t, std::uint32_t* param) const {
   *param = 0;
@@ -21,12 +33,33 @@ void* Codec::scratch(const ExecContext& ctx, std::size_t bytes) {
   if (ctx.workspace) {
     if (ctx.workspace_bytes < bytes)
       GZ_THROW(InvalidArgument, spec(), ": workspace of ", ctx.workspace_bytes, " bytes is too small, need ", bytes);
+    if (ctx.device == Device::Cuda && reinterpret_cast<std::uintptr_t>(ctx.workspace) % kWorkspaceAlign != 0)
+      GZ_THROW(InvalidArgument, spec(), ": a CUDA workspace must be ", kWorkspaceAlign, "-byte aligned");
     return ctx.workspace;
   }
-  if (ctx.device != Device::Cpu)
-    GZ_THROW(InvalidArgument, spec(), ": CUDA calls need a workspace of ", bytes, " bytes in ExecContext");
-  if (host_scratch_.size() < bytes) host_scratch_.resize(bytes);
-  return host_scratch_.data();
+  if (ctx.device == Device::Cpu) {
+    if (host_scratch_.size() < bytes) host_scratch_.resize(bytes);
+    return host_scratch_.data();
+  }
+#if GZ_HAVE_CUDA
+  // The codec's own device scratch: allocated on the first call and when a
+  // larger n needs more, then reused (no allocation on the steady path).
+  int dev = 0;
+  GZ_CUDA_CHECK(cudaGetDevice(&dev));
+  if (!device_scratch_ || device_scratch_bytes_ < bytes || device_scratch_device_ != dev) {
+    if (device_scratch_) {
+      GZ_CUDA_CHECK(cudaFree(device_scratch_));  // synchronizes: earlier calls may still use it
+      device_scratch_ = nullptr;
+      device_scratch_bytes_ = 0;
+    }
+    GZ_CUDA_CHECK(cudaMalloc(&device_scratch_, bytes));
+    device_scratch_bytes_ = bytes;
+    device_scratch_device_ = dev;
+  }
+  return device_scratch_;
+#else
+  GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
+#endif
 }
 
 std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std::byte* payload,
@@ -57,7 +90,7 @@ std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std
 void Codec::decode_accumulate(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
                               const ExecContext& ctx) {
   GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
-  if (ctx.device == Device::Cuda) return decode_cuda(payload, bytes, out, n, ctx);
+  if (ctx.device == Device::Cuda) return decode_accumulate_cuda(payload, bytes, out, n, ctx);
   if (reinterpret_cast<std::uintptr_t>(payload) % 4 != 0)
     GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
   const wire::Header h = wire::read_header(payload, bytes);
@@ -66,6 +99,38 @@ void Codec::decode_accumulate(const std::byte* payload, std::size_t bytes, float
   wire::expect(h, id(), n, fixed ? &param : nullptr);
   decode_cpu(PayloadView{h.param, h.count, payload + wire::kHeaderBytes, h.body_bytes}, out, ctx);
 }
+
+#if GZ_HAVE_CUDA
+// Host checks first (what needs no device memory), then the header check on
+// the device, then the codec's gated decode kernels, then the verdict.
+void Codec::decode_accumulate_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
+                                   const ExecContext& ctx) {
+  if (!payload) GZ_THROW(PayloadError, "payload pointer is null");
+  if (reinterpret_cast<std::uintptr_t>(payload) % 4 != 0)
+    GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
+  if (bytes < wire::kHeaderBytes)
+    GZ_THROW(PayloadError, "payload truncated: ", bytes, " bytes, the header alone is ", wire::kHeaderBytes);
+  std::uint32_t param = 0;
+  const bool fixed = expected_param(n, &param);
+  // A fixed-size codec knows the exact size; a mismatch means a malformed
+  // payload whose body must not be read (the device check names the reason).
+  const bool size_ok = !fixed || bytes == max_payload_bytes(n);
+
+  ExecContext c = ctx;
+  const bool synchronous = ctx.status == nullptr;
+  if (synchronous) {
+    c.status = static_cast<PayloadStatus*>(scratch(ctx, kCudaStatusBytes));
+    GZ_CUDA_CHECK(cudaMemsetAsync(c.status, 0, sizeof(PayloadStatus), ctx.stream));
+  }
+  cuda_codec::validate_header(payload, bytes, id(), n, fixed, param, size_ok, c.status, ctx.stream);
+  if (size_ok) decode_cuda(payload, bytes, out, n, c);
+  if (synchronous) check_payload_status(c.status, ctx.stream);
+}
+#else
+void Codec::decode_accumulate_cuda(const std::byte*, std::size_t, float*, std::size_t, const ExecContext&) {
+  GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
+}
+#endif
 
 std::size_t Codec::encode_cuda(const float*, float*, std::size_t, std::byte*, const ExecContext&) {
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");

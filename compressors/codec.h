@@ -22,6 +22,32 @@
 //     ExecContext to keep the call allocation-free; without one the codec
 //     keeps its own, grown on first use and reused (so a Codec object is not
 //     thread-safe).
+//
+// CUDA (ExecContext{Device::Cuda, stream, ...}; docs/cuda.md has the details):
+//   - grad, residual, out and payload are device pointers; the work is queued
+//     on ctx.stream. The payload is the same bytes the CPU path writes.
+//   - Workspace, two phases as in CUB: workspace_bytes(n, Device::Cuda), then
+//     calls with ctx.workspace pointing at that many device bytes (256-byte
+//     aligned); the same workspace serves encode and decode, one call at a
+//     time. Without one, the codec allocates its own on the device that is
+//     current, once (cudaMalloc on the first call and when n grows, never
+//     after), and calls through it must be ordered on one stream.
+//   - encode returns the payload size without synchronizing, except topk with
+//     select=sample: its entry count is decided on the device, so that encode
+//     synchronizes ctx.stream to read it back (and writes the header after).
+//   - decode_accumulate validates the payload on the device, in stream order,
+//     before any kernel touches `out` (header checks of wire::read_header and
+//     wire::expect, top-k indices of wire::check_topk_indices); on a malformed
+//     payload `out` is left unchanged. What the host can see without reading
+//     device memory throws at once: a null or misaligned payload pointer, or
+//     fewer than 32 bytes. The verdict goes:
+//       * ctx.status == nullptr: the call synchronizes ctx.stream and throws
+//         PayloadError like the CPU path. Simple; not for the hot path.
+//       * ctx.status != nullptr: a device PayloadStatus (payload_status.h)
+//         that the caller zeroed; nothing synchronizes. The first error is
+//         recorded there and every later decode that shares the status does
+//         nothing. Check it when convenient with
+//         check_payload_status(ctx.status, stream), which throws PayloadError.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +58,7 @@
 #include <vector>
 
 #include "common/stream.h"
+#include "compressors/payload_status.h"
 #include "compressors/spec.h"
 
 namespace gz {
@@ -42,6 +69,9 @@ struct ExecContext {
   Stream stream = nullptr;          ///< CUDA stream (Device::Cuda only)
   void* workspace = nullptr;        ///< optional scratch; see Codec::workspace_bytes
   std::size_t workspace_bytes = 0;
+  /// CUDA decode only: device status word that receives the verdict instead of
+  /// a synchronizing throw (see "CUDA" above). Zero it before first use.
+  PayloadStatus* status = nullptr;
 };
 
 /// A payload whose header has been read and validated (host memory).
@@ -76,6 +106,9 @@ class Codec {
   virtual std::size_t max_payload_bytes(std::size_t n) const = 0;
   /// Scratch bytes an encode or decode of n elements needs on `device`.
   virtual std::size_t workspace_bytes(std::size_t n, Device device) const;
+  /// CUDA workspaces start with this many bytes (the status word of a
+  /// synchronous decode); a codec's own scratch follows.
+  static constexpr std::size_t kCudaStatusBytes = 256;
 
   /// Encodes grad (n floats) into payload, fused with error feedback.
   /// @param[in] grad        gradient, n floats
@@ -97,8 +130,14 @@ class Codec {
   virtual void decode_cpu(const PayloadView& p, float* out, const ExecContext& ctx) = 0;
   /// CUDA parts: payload, grad, residual and out are device pointers, work is
   /// queued on ctx.stream. The defaults throw (a build without CUDA).
+  /// encode_cuda writes header and body, returns the payload bytes.
   virtual std::size_t encode_cuda(const float* grad, float* residual, std::size_t n, std::byte* payload,
                                   const ExecContext& ctx);
+  /// decode_cuda is called after the header check was queued, with
+  /// ctx.status set (never null); its kernels must do nothing unless
+  /// ctx.status->code is 0 when they run. It is skipped when the payload size
+  /// already shows the payload is malformed (for a fixed-size codec, bytes !=
+  /// max_payload_bytes(n)), so it may size its launches from bytes and n.
   virtual void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
                            const ExecContext& ctx);
   /// The header param a payload of n elements must carry (onebit block, exact
@@ -106,12 +145,19 @@ class Codec {
   /// checks apply.
   virtual bool expected_param(std::size_t n, std::uint32_t* param) const;
 
-  /// Returns a workspace of at least `bytes` (the caller's, or the codec's own).
+  /// Returns a workspace of at least `bytes` (the caller's, or the codec's own)
+  /// on ctx.device.
   void* scratch(const ExecContext& ctx, std::size_t bytes);
 
  private:
+  void decode_accumulate_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
+                              const ExecContext& ctx);
+
   CodecConfig config_;
   std::vector<std::byte> host_scratch_;
+  void* device_scratch_ = nullptr;  // owned; cudaFree'd by the destructor
+  std::size_t device_scratch_bytes_ = 0;
+  int device_scratch_device_ = -1;
 };
 
 /// Builds the codec a spec string names. Throws InvalidArgument.

@@ -2,6 +2,10 @@
 #include "compressors/codecs.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu.h"
+#if GZ_HAVE_CUDA
+#include "compressors/cuda_codec.h"
+#include "kernels/cuda.h"
+#endif
 
 namespace gz::codecs {
 namespace {
@@ -19,6 +23,18 @@ class NoneCodec final : public Codec {
   void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
     kernels::cpu::add_accumulate(reinterpret_cast<const float*>(p.body), p.count, out);
   }
+#if GZ_HAVE_CUDA
+  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
+                          const ExecContext& ctx) override {
+    kernels::cuda::copy_encode(g, r, n, reinterpret_cast<float*>(payload + wire::kHeaderBytes),
+                               cuda_codec::header_blob(id(), 0, n, 4 * n, payload), ctx.stream);
+    return wire::kHeaderBytes + 4 * n;
+  }
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
+    kernels::cuda::add_accumulate(reinterpret_cast<const float*>(payload + wire::kHeaderBytes), n, out,
+                                  &ctx.status->code, ctx.stream);
+  }
+#endif
 };
 
 }  // namespace

@@ -2,6 +2,10 @@
 #include "compressors/codecs.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu.h"
+#if GZ_HAVE_CUDA
+#include "compressors/cuda_codec.h"
+#include "kernels/cuda.h"
+#endif
 
 namespace gz::codecs {
 namespace {
@@ -30,6 +34,27 @@ class OnebitCodec final : public Codec {
     const auto* bits = reinterpret_cast<const std::uint32_t*>(p.body + 8 * kernels::onebit_blocks(p.count, p.param));
     kernels::cpu::onebit_decode_accumulate(scales, bits, p.count, p.param, out);
   }
+#if GZ_HAVE_CUDA
+  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
+                          const ExecContext& ctx) override {
+    const std::uint32_t block = config().block;
+    std::byte* body = payload + wire::kHeaderBytes;
+    const std::uint64_t body_bytes = wire::body_bytes(CodecId::OneBit, block, n);
+    kernels::cuda::onebit_encode(g, r, n, block, reinterpret_cast<kernels::OnebitScales*>(body),
+                                 reinterpret_cast<std::uint32_t*>(body + 8 * kernels::onebit_blocks(n, block)),
+                                 cuda_codec::header_blob(id(), block, n, body_bytes, payload), ctx.stream);
+    return wire::kHeaderBytes + body_bytes;
+  }
+  // Runs only when the size matched max_payload_bytes(n), i.e. this codec's block.
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
+    const std::uint32_t block = config().block;
+    const std::byte* body = payload + wire::kHeaderBytes;
+    kernels::cuda::onebit_decode_accumulate(
+        reinterpret_cast<const kernels::OnebitScales*>(body),
+        reinterpret_cast<const std::uint32_t*>(body + 8 * kernels::onebit_blocks(n, block)), n, block, out,
+        &ctx.status->code, ctx.stream);
+  }
+#endif
 };
 
 }  // namespace

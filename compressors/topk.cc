@@ -5,6 +5,10 @@
 #include "compressors/codecs.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu.h"
+#if GZ_HAVE_CUDA
+#include "compressors/cuda_codec.h"
+#include "kernels/cuda.h"
+#endif
 
 namespace gz::codecs {
 namespace {
@@ -16,10 +20,16 @@ class TopkCodec final : public Codec {
   std::size_t max_payload_bytes(std::size_t n) const override { return wire::kHeaderBytes + 8 * max_entries(n); }
 
   std::size_t workspace_bytes(std::size_t n, Device device) const override {
-    if (device != Device::Cpu) return 0;
     std::size_t bytes = 0;
-    kernels::cpu::topk_encode(nullptr, bytes, nullptr, nullptr, n, config().topk_k(n), nullptr, nullptr);
-    return bytes;
+    if (device == Device::Cpu) {
+      kernels::cpu::topk_encode(nullptr, bytes, nullptr, nullptr, n, config().topk_k(n), nullptr, nullptr);
+      return bytes;
+    }
+#if GZ_HAVE_CUDA
+    kernels::cuda::topk_encode(nullptr, bytes, nullptr, nullptr, n, config().topk_k(n), sampled(), nullptr, {},
+                               nullptr, nullptr);
+#endif
+    return Codec::workspace_bytes(n, device) + bytes;  // status slot, then the top-k scratch
   }
 
  protected:
@@ -55,6 +65,45 @@ class TopkCodec final : public Codec {
     wire::check_topk_indices(idx, p.param, p.count);  // before touching out
     kernels::cpu::topk_decode_accumulate(idx, val, p.param, out);
   }
+
+#if GZ_HAVE_CUDA
+  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
+                          const ExecContext& ctx) override {
+    GZ_ENFORCE_LE(n, wire::kMaxTopkCount, "topk indexes elements with u32");
+    const std::size_t k = config().topk_k(n);
+    const std::size_t ws_bytes = workspace_bytes(n, Device::Cuda);
+    std::byte* ws = static_cast<std::byte*>(scratch(ctx, ws_bytes)) + kCudaStatusBytes;
+    std::size_t topk_bytes = ws_bytes - kCudaStatusBytes;
+    auto* body = reinterpret_cast<std::uint32_t*>(payload + wire::kHeaderBytes);
+    if (!sampled()) {  // k entries: the header is known now and goes out with them
+      kernels::cuda::topk_encode(ws, topk_bytes, g, r, n, k, false, body,
+                                 cuda_codec::header_blob(id(), static_cast<std::uint32_t>(k), n, 8 * k, payload),
+                                 nullptr, ctx.stream);
+      return wire::kHeaderBytes + 8 * k;
+    }
+    // select=sample: the count is decided on the device; read it back (synchronizes).
+    const std::uint32_t* d_count = nullptr;
+    kernels::cuda::topk_encode(ws, topk_bytes, g, r, n, k, true, body, {}, &d_count, ctx.stream);
+    const std::uint32_t count = kernels::cuda::fetch_word(d_count, ctx.stream);
+    GZ_CHECK_AS(CudaError, count <= max_entries(n), "topk: device reported ", count, " entries, more than ",
+                max_entries(n));
+    kernels::cuda::write_blob(cuda_codec::header_blob(id(), count, n, 8 * std::uint64_t{count}, payload), ctx.stream);
+    return wire::kHeaderBytes + 8 * std::size_t{count};
+  }
+
+  void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
+                   const ExecContext& ctx) override {
+    const std::size_t body_bytes = bytes - wire::kHeaderBytes;
+    // Exact: the host already matched bytes to k. Sampled: a size that no valid
+    // header can have is left to the header check, which reports it.
+    if (body_bytes % 8 != 0 || body_bytes / 8 > n) return;
+    const std::size_t k = body_bytes / 8;
+    const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + wire::kHeaderBytes);
+    const auto* val = reinterpret_cast<const float*>(idx + k);
+    cuda_codec::validate_topk_indices(idx, k, n, ctx.status, ctx.stream);  // before touching out
+    kernels::cuda::topk_decode_accumulate(idx, val, k, out, &ctx.status->code, ctx.stream);
+  }
+#endif
 };
 
 }  // namespace

@@ -2,9 +2,9 @@
 
 #include <bit>
 #include <cstring>
+#include <sstream>
 
 #include "common/error.h"
-#include "kernels/onebit.h"
 
 static_assert(std::endian::native == std::endian::little,
               "gradzip's wire format is little-endian and so far only little-endian hosts are supported");
@@ -12,25 +12,59 @@ static_assert(std::endian::native == std::endian::little,
 namespace gz::wire {
 namespace {
 
-bool known_codec(std::uint16_t c) {
-  return c >= static_cast<std::uint16_t>(CodecId::None) && c <= static_cast<std::uint16_t>(CodecId::TopK);
+const char* name_of(std::uint64_t codec) {
+  if (codec < 1 || codec > 5) return "unknown codec";
+  return codec_name(static_cast<CodecId>(codec));
+}
+
+void throw_if_bad(const HeaderVerdict& v) {
+  if (v.code != PayloadCheck::Ok) GZ_THROW(PayloadError, describe(v.code, v.detail));
 }
 
 }  // namespace
 
-std::uint64_t body_bytes(CodecId codec, std::uint32_t param, std::uint64_t count) {
-  switch (codec) {
-    case CodecId::None:
-      return 4 * count;
-    case CodecId::Fp16:
-    case CodecId::Bf16:
-      return 2 * count;
-    case CodecId::OneBit:
-      return 8 * kernels::onebit_blocks(count, param) + 4 * kernels::onebit_words(count);
-    case CodecId::TopK:
-      return 8 * static_cast<std::uint64_t>(param);
+std::string describe(PayloadCheck code, const std::uint64_t* d) {
+  std::ostringstream os;
+  switch (code) {
+    case PayloadCheck::Ok: return "";
+    case PayloadCheck::BadMagic: os << "not a gradzip payload: bad magic 0x" << std::hex << d[0]; break;
+    case PayloadCheck::BadVersion:
+      os << "unsupported wire format version " << d[0] << " (this build reads " << kVersion << ")";
+      break;
+    case PayloadCheck::UnknownCodec: os << "unknown codec id " << d[0] << " in payload header"; break;
+    case PayloadCheck::BadFlags: os << "reserved header flags set: 0x" << std::hex << d[0]; break;
+    case PayloadCheck::AbsurdCount: os << "absurd element count " << d[0] << " (limit 2^40)"; break;
+    case PayloadCheck::NonzeroParam: os << name_of(d[0]) << " payload with non-zero param " << d[1]; break;
+    case PayloadCheck::ZeroBlock: os << "onebit payload with block size 0"; break;
+    case PayloadCheck::TopkCountTooLarge: os << "topk payload count " << d[0] << " exceeds u32 indices"; break;
+    case PayloadCheck::TopkParamOverCount:
+      os << "topk payload has " << d[0] << " entries for only " << d[1] << " elements";
+      break;
+    case PayloadCheck::BodyBytesMismatch:
+      os << name_of(d[2]) << " header says " << d[0] << " body bytes, the format needs " << d[1];
+      break;
+    case PayloadCheck::SizeMismatch:
+      os << "payload is " << d[0] << " bytes but header + body is " << d[1]
+         << (d[0] < d[1] ? " (truncated)" : " (trailing bytes)");
+      break;
+    case PayloadCheck::CodecMismatch:
+      os << "payload was encoded by " << name_of(d[0]) << ", this decoder is " << name_of(d[1]);
+      break;
+    case PayloadCheck::CountMismatch:
+      os << "payload holds " << d[0] << " elements, the output buffer has " << d[1];
+      break;
+    case PayloadCheck::ParamMismatch:
+      os << name_of(d[0]) << " payload parameter " << d[1] << " differs from the decoder's " << d[2];
+      break;
+    case PayloadCheck::TopkIndexRange:
+      os << "topk index " << d[1] << " at entry " << d[0] << " is out of range (n = " << d[2] << ")";
+      break;
+    case PayloadCheck::TopkIndexOrder:
+      os << "topk indices not strictly increasing at entry " << d[0] << " (" << d[1] << " then " << d[2] << ")";
+      break;
+    default: os << "unknown payload check " << static_cast<std::uint32_t>(code); break;
   }
-  return 0;
+  return os.str();
 }
 
 void write_header(const Header& h, std::byte* dst) { std::memcpy(dst, &h, kHeaderBytes); }
@@ -39,54 +73,24 @@ Header read_header(const std::byte* payload, std::size_t size) {
   if (!payload && size) GZ_THROW(PayloadError, "payload pointer is null");
   if (size < kHeaderBytes)
     GZ_THROW(PayloadError, "payload truncated: ", size, " bytes, the header alone is ", kHeaderBytes);
+  std::uint32_t w[8];
+  std::memcpy(w, payload, kHeaderBytes);
+  throw_if_bad(check_structure(w, size));
   Header h;
-  std::memcpy(&h, payload, kHeaderBytes);
-  if (h.magic != kMagic) GZ_THROW(PayloadError, "not a gradzip payload: bad magic 0x", std::hex, h.magic);
-  if (h.version != kVersion)
-    GZ_THROW(PayloadError, "unsupported wire format version ", h.version, " (this build reads ", kVersion, ")");
-  const auto codec = static_cast<std::uint16_t>(h.codec);
-  if (!known_codec(codec)) GZ_THROW(PayloadError, "unknown codec id ", codec, " in payload header");
-  if (h.flags != 0) GZ_THROW(PayloadError, "reserved header flags set: 0x", std::hex, h.flags);
-  if (h.count > kMaxCount) GZ_THROW(PayloadError, "absurd element count ", h.count, " (limit 2^40)");
-  switch (h.codec) {
-    case CodecId::None:
-    case CodecId::Fp16:
-    case CodecId::Bf16:
-      if (h.param != 0) GZ_THROW(PayloadError, codec_name(h.codec), " payload with non-zero param ", h.param);
-      break;
-    case CodecId::OneBit:
-      if (h.param == 0) GZ_THROW(PayloadError, "onebit payload with block size 0");
-      break;
-    case CodecId::TopK:
-      if (h.count > kMaxTopkCount) GZ_THROW(PayloadError, "topk payload count ", h.count, " exceeds u32 indices");
-      if (h.param > h.count)
-        GZ_THROW(PayloadError, "topk payload has ", h.param, " entries for only ", h.count, " elements");
-      break;
-  }
-  const std::uint64_t want = body_bytes(h.codec, h.param, h.count);
-  if (h.body_bytes != want)
-    GZ_THROW(PayloadError, codec_name(h.codec), " header says ", h.body_bytes, " body bytes, the format needs ", want);
-  if (size - kHeaderBytes != h.body_bytes)
-    GZ_THROW(PayloadError, "payload is ", size, " bytes but header + body is ", kHeaderBytes + h.body_bytes,
-             size - kHeaderBytes < h.body_bytes ? " (truncated)" : " (trailing bytes)");
+  std::memcpy(&h, w, kHeaderBytes);
   return h;
 }
 
 void expect(const Header& h, CodecId codec, std::uint64_t count, const std::uint32_t* param) {
-  if (h.codec != codec)
-    GZ_THROW(PayloadError, "payload was encoded by ", codec_name(h.codec), ", this decoder is ", codec_name(codec));
-  if (h.count != count)
-    GZ_THROW(PayloadError, "payload holds ", h.count, " elements, the output buffer has ", count);
-  if (param && h.param != *param)
-    GZ_THROW(PayloadError, codec_name(codec), " payload parameter ", h.param, " differs from the decoder's ", *param);
+  std::uint32_t w[8];
+  std::memcpy(w, &h, kHeaderBytes);
+  throw_if_bad(check_expected(w, static_cast<std::uint32_t>(codec), count, param != nullptr, param ? *param : 0));
 }
 
 void check_topk_indices(const std::uint32_t* idx, std::size_t k, std::uint64_t n) {
   for (std::size_t j = 0; j < k; ++j) {
-    if (idx[j] >= n) GZ_THROW(PayloadError, "topk index ", idx[j], " at entry ", j, " is out of range (n = ", n, ")");
-    if (j > 0 && idx[j] <= idx[j - 1])
-      GZ_THROW(PayloadError, "topk indices not strictly increasing at entry ", j, " (", idx[j - 1], " then ", idx[j],
-               ")");
+    if (idx[j] >= n) throw_if_bad(verdict(PayloadCheck::TopkIndexRange, j, idx[j], n));
+    if (j > 0 && idx[j] <= idx[j - 1]) throw_if_bad(verdict(PayloadCheck::TopkIndexOrder, j, idx[j - 1], idx[j]));
   }
 }
 

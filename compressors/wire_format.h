@@ -21,8 +21,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "compressors/spec.h"
+#include "kernels/hd.h"
 
 namespace gz::wire {
 
@@ -45,8 +47,18 @@ struct Header {
 };
 static_assert(sizeof(Header) == kHeaderBytes, "header layout must be packed to 32 bytes");
 
-/// Body bytes a payload of `codec` with `param` and `count` must have.
-std::uint64_t body_bytes(CodecId codec, std::uint32_t param, std::uint64_t count);
+/// Body bytes a payload of `codec` with `param` and `count` must have
+/// (param >= 1 for onebit; 0 for an unknown codec).
+GZ_HD std::uint64_t body_bytes(CodecId codec, std::uint32_t param, std::uint64_t count) {
+  switch (codec) {
+    case CodecId::None: return 4 * count;
+    case CodecId::Fp16:
+    case CodecId::Bf16: return 2 * count;
+    case CodecId::OneBit: return 8 * ((count + param - 1) / param) + 4 * ((count + 31) / 32);
+    case CodecId::TopK: return 8 * static_cast<std::uint64_t>(param);
+  }
+  return 0;
+}
 
 /// Writes the header to `dst` (32 bytes) in little-endian order.
 void write_header(const Header& h, std::byte* dst);
@@ -64,3 +76,97 @@ void expect(const Header& h, CodecId codec, std::uint64_t count, const std::uint
 void check_topk_indices(const std::uint32_t* idx, std::size_t k, std::uint64_t n);
 
 }  // namespace gz::wire
+
+namespace gz {
+
+/// Why a payload was rejected; 0 = valid. The checks below, in their order.
+enum class PayloadCheck : std::uint32_t {
+  Ok = 0,
+  BadMagic,           ///< detail: magic
+  BadVersion,         ///< detail: version
+  UnknownCodec,       ///< detail: codec id
+  BadFlags,           ///< detail: flags
+  AbsurdCount,        ///< detail: count
+  NonzeroParam,       ///< detail: codec id, param
+  ZeroBlock,          ///< onebit block size 0
+  TopkCountTooLarge,  ///< detail: count
+  TopkParamOverCount, ///< detail: param, count
+  BodyBytesMismatch,  ///< detail: header body_bytes, bytes the format needs, codec id
+  SizeMismatch,       ///< detail: payload size, header + body
+  CodecMismatch,      ///< detail: payload codec, decoder codec
+  CountMismatch,      ///< detail: payload count, decoder count
+  ParamMismatch,      ///< detail: codec, payload param, decoder param
+  TopkIndexRange,     ///< detail: entry, index, n
+  TopkIndexOrder,     ///< detail: entry, previous index, index
+};
+
+struct HeaderVerdict {
+  PayloadCheck code = PayloadCheck::Ok;
+  std::uint64_t detail[3] = {0, 0, 0};
+};
+
+namespace wire {
+
+// The one implementation of the header checks, for the host (read_header,
+// expect) and for the device (the CUDA decoders' validation kernel).
+// `w` is the header as 8 little-endian 32-bit words.
+
+GZ_HD std::uint64_t word64(const std::uint32_t* w, int i) {
+  return static_cast<std::uint64_t>(w[i]) | (static_cast<std::uint64_t>(w[i + 1]) << 32);
+}
+
+GZ_HD HeaderVerdict verdict(PayloadCheck c, std::uint64_t a = 0, std::uint64_t b = 0, std::uint64_t d = 0) {
+  HeaderVerdict v;
+  v.code = c;
+  v.detail[0] = a;
+  v.detail[1] = b;
+  v.detail[2] = d;
+  return v;
+}
+
+/// The header on its own, for a payload of `size` >= 32 bytes.
+GZ_HD HeaderVerdict check_structure(const std::uint32_t* w, std::uint64_t size) {
+  const std::uint32_t magic = w[0], version = w[1] & 0xFFFFu, codec = w[1] >> 16, param = w[2], flags = w[3];
+  const std::uint64_t count = word64(w, 4), body = word64(w, 6);
+  constexpr auto id = [](CodecId c) { return static_cast<std::uint32_t>(c); };
+  if (magic != kMagic) return verdict(PayloadCheck::BadMagic, magic);
+  if (version != kVersion) return verdict(PayloadCheck::BadVersion, version);
+  if (codec < id(CodecId::None) || codec > id(CodecId::TopK)) return verdict(PayloadCheck::UnknownCodec, codec);
+  if (flags != 0) return verdict(PayloadCheck::BadFlags, flags);
+  if (count > kMaxCount) return verdict(PayloadCheck::AbsurdCount, count);
+  if (codec <= id(CodecId::Bf16) && param != 0) return verdict(PayloadCheck::NonzeroParam, codec, param);
+  if (codec == id(CodecId::OneBit) && param == 0) return verdict(PayloadCheck::ZeroBlock);
+  if (codec == id(CodecId::TopK)) {
+    if (count > kMaxTopkCount) return verdict(PayloadCheck::TopkCountTooLarge, count);
+    if (param > count) return verdict(PayloadCheck::TopkParamOverCount, param, count);
+  }
+  const std::uint64_t want_body = body_bytes(static_cast<CodecId>(codec), param, count);
+  if (body != want_body) return verdict(PayloadCheck::BodyBytesMismatch, body, want_body, codec);
+  if (size - kHeaderBytes != body) return verdict(PayloadCheck::SizeMismatch, size, kHeaderBytes + body);
+  return {};
+}
+
+/// A structurally valid header against what the decoder expects: codec
+/// `want_codec`, `want_count` elements and, when `fixed_param`, `want_param`.
+GZ_HD HeaderVerdict check_expected(const std::uint32_t* w, std::uint32_t want_codec, std::uint64_t want_count,
+                                   bool fixed_param, std::uint32_t want_param) {
+  const std::uint32_t codec = w[1] >> 16, param = w[2];
+  const std::uint64_t count = word64(w, 4);
+  if (codec != want_codec) return verdict(PayloadCheck::CodecMismatch, codec, want_codec);
+  if (count != want_count) return verdict(PayloadCheck::CountMismatch, count, want_count);
+  if (fixed_param && param != want_param) return verdict(PayloadCheck::ParamMismatch, codec, param, want_param);
+  return {};
+}
+
+/// Both, in order.
+GZ_HD HeaderVerdict check_header(const std::uint32_t* w, std::uint64_t size, std::uint32_t want_codec,
+                                 std::uint64_t want_count, bool fixed_param, std::uint32_t want_param) {
+  const HeaderVerdict v = check_structure(w, size);
+  return v.code != PayloadCheck::Ok ? v : check_expected(w, want_codec, want_count, fixed_param, want_param);
+}
+
+/// The message for a rejected payload ("" for Ok).
+std::string describe(PayloadCheck code, const std::uint64_t* detail);
+
+}  // namespace wire
+}  // namespace gz

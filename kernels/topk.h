@@ -3,18 +3,26 @@
 // Order: larger |v| first; equal magnitudes are broken by the lower index.
 // Magnitudes compare as the integer bits of |v| (sign bit cleared), which for
 // IEEE floats orders exactly like the values, puts +inf above every finite
-// value and NaN above inf, so NaN gradients are always sent (and seen).
+// value and NaN above inf, so NaN gradients are always sent (and seen). Every
+// NaN gets the same key: GPU arithmetic returns one canonical NaN where x86
+// keeps the operand's payload, and ranking NaNs by payload bits would make the
+// two pick different NaNs when more than K elements are NaN.
 // The K selected (index, value) pairs travel in increasing index order.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/hd.h"
 
 namespace gz::kernels {
 
-/// Radix key of an element: the bits of |v|. 31 significant bits.
-GZ_HD std::uint32_t topk_key(float v) { return float_bits(v) & 0x7FFFFFFFu; }
+/// Radix key of an element: the bits of |v|, all NaNs mapped to 0x7FFFFFFF. 31 significant bits.
+GZ_HD std::uint32_t topk_key(float v) {
+  const std::uint32_t a = float_bits(v) & 0x7FFFFFFFu;
+  return a > 0x7F800000u ? 0x7FFFFFFFu : a;
+}
 
 /// Radix-select digits over the 31-bit key: bits 30..20, 19..9, 8..0.
 inline constexpr int kTopkDigits = 3;
@@ -42,5 +50,35 @@ struct TopkThreshold {
   std::uint32_t threshold = 0;
   std::uint64_t ties = 0;
 };
+
+// ---- Candidate bound from a sample (the CPU loop and the CUDA launch share it,
+// so both pick the same candidates and, with select=sample, send the same set).
+// kTopkSample keys at fixed, evenly spaced positions give a lower bound L that,
+// with high probability, at least K keys reach and not many more.
+
+inline constexpr std::uint64_t kTopkSample = 16384;
+/// Below this many elements the selection runs over the whole array.
+inline constexpr std::uint64_t kTopkDirectBelow = 4 * kTopkSample;
+
+/// Position of sample j (0 <= j < kTopkSample) in an array of n elements.
+GZ_HD std::uint64_t topk_sample_position(std::uint64_t j, std::uint64_t n) { return j * n / kTopkSample; }
+
+/// Candidates (key >= L) a workspace holds; more than this falls back to the whole array.
+GZ_HD std::uint64_t topk_candidate_capacity(std::uint64_t n, std::uint64_t k) {
+  const std::uint64_t cap = 2 * k + n / 64 + 4096;
+  return cap < n ? cap : n;
+}
+
+/// Rank, within the sample, of the key used as the bound L: the expected
+/// number of sample keys among the top K (sampled: exactly that, rounded),
+/// plus a 4-sigma margin (exact: so that L rarely leaves fewer than K
+/// candidates). 0 means "no sample": select over the whole array (k == 0,
+/// k >= n, small n, or a rank the sample cannot resolve).
+inline std::uint64_t topk_sample_rank(std::uint64_t n, std::uint64_t k, bool sampled) {
+  if (k == 0 || k >= n || n < kTopkDirectBelow) return 0;
+  const double hits = static_cast<double>(k) * static_cast<double>(kTopkSample) / static_cast<double>(n);
+  const double rank = sampled ? std::max(1.0, std::round(hits)) : std::ceil(hits + 4.0 * std::sqrt(hits) + 16.0);
+  return rank >= static_cast<double>(kTopkSample) ? 0 : static_cast<std::uint64_t>(rank);
+}
 
 }  // namespace gz::kernels

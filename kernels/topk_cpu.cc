@@ -24,11 +24,10 @@
 namespace gz::kernels::cpu {
 namespace {
 
-constexpr std::size_t kSample = 16384;
-constexpr std::size_t kDirectBelow = 4 * kSample;  // small inputs: select over everything
-constexpr std::size_t kPrefetchAhead = 1024;       // elements
+constexpr std::size_t kSample = kTopkSample;  // sampling policy: kernels/topk.h, shared with the CUDA twin
+constexpr std::size_t kPrefetchAhead = 1024;  // elements
 
-std::size_t candidate_capacity(std::size_t n, std::size_t k) { return std::min(n, 2 * k + n / 64 + 4096); }
+std::size_t candidate_capacity(std::size_t n, std::size_t k) { return topk_candidate_capacity(n, k); }
 
 struct Workspace {
   std::uint32_t* cand_idx;
@@ -183,7 +182,7 @@ template <bool kEf>
 std::uint32_t sample_bound(const float* g, const float* r, std::size_t n, std::size_t rank, std::uint32_t* sample) {
   constexpr std::size_t kAhead = 16;  // scattered reads: keep several misses in flight
   for (std::size_t j = 0; j < kSample; ++j) {
-    const std::size_t i = j * n / kSample, ahead = (j + kAhead) * n / kSample;
+    const std::size_t i = topk_sample_position(j, n), ahead = topk_sample_position(j + kAhead, n);
     if (ahead < n) {
       __builtin_prefetch(g + ahead);
       if constexpr (kEf) __builtin_prefetch(r + ahead);
@@ -217,18 +216,11 @@ std::size_t encode(const Workspace& ws, const float* g, float* r, std::size_t n,
                    std::uint32_t* idx, float* val) {
   if (k >= n) return select_all<kEf>(g, r, n, idx, val);
   const float* v = kEf ? r : g;  // where v lives once EF has been applied
-  if (k == 0 || n < kDirectBelow) {
+  const std::uint64_t rank = topk_sample_rank(n, k, sampled);  // 0: no sample (k == 0, small n)
+  if (rank == 0) {
     if constexpr (kEf)
       for (std::size_t i = 0; i < n; ++i) r[i] += g[i];
     return k == 0 ? 0 : select_direct<kEf>(v, r, n, k, idx, val);
-  }
-  // Expected sample hits above the true threshold, plus a margin (4 sigma) for exact mode.
-  const double hits = static_cast<double>(k) * kSample / static_cast<double>(n);
-  const double rank = sampled ? std::max(1.0, std::round(hits)) : std::ceil(hits + 4.0 * std::sqrt(hits) + 16.0);
-  if (rank >= static_cast<double>(kSample)) {
-    if constexpr (kEf)
-      for (std::size_t i = 0; i < n; ++i) r[i] += g[i];
-    return select_direct<kEf>(v, r, n, k, idx, val);
   }
   const std::uint32_t bound = sample_bound<kEf>(g, r, n, static_cast<std::size_t>(rank), ws.sample);
   const std::size_t c = find_candidates<kEf>(g, r, n, bound, ws);

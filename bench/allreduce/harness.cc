@@ -42,17 +42,6 @@ std::uint64_t fingerprint(const float* p, std::size_t n) {
 
 }  // namespace
 
-double error_bound(const CodecConfig& c) {
-  switch (c.id) {
-    case CodecId::None: return 1e-6;
-    case CodecId::Fp16: return 1e-3;
-    case CodecId::Bf16: return 8e-3;
-    case CodecId::OneBit: return 1.0;
-    case CodecId::TopK: return 1.0;
-  }
-  return 0;
-}
-
 struct Harness::Impl {
   Communicator& comm;
   const Options& o;
@@ -61,14 +50,28 @@ struct Harness::Impl {
   Buffer device_buf{MemoryKind::Device};
   Stream stream = nullptr;
 
-  // Elementwise max over ranks of a few doubles (host allgather).
+  Buffer device_small{MemoryKind::Device};
+
+  // Elementwise max over ranks of a few doubles. Allgathered from the bench's
+  // device: NCCL moves device buffers only, so with --device cuda they are
+  // staged through device memory.
   std::vector<double> max_over_ranks(const std::vector<double>& mine) {
-    const std::size_t k = mine.size();
-    std::vector<double> all(k * static_cast<std::size_t>(P));
-    std::vector<Slice> slots(static_cast<std::size_t>(P));
-    std::vector<std::size_t> got(static_cast<std::size_t>(P));
-    for (int r = 0; r < P; ++r) slots[static_cast<std::size_t>(r)] = {all.data() + k * static_cast<std::size_t>(r), 8 * k};
-    comm.transport().allgatherv({mine.data(), 8 * k}, slots, got, CallContext{Device::Cpu, nullptr, comm.timeout()});
+    const std::size_t k = mine.size(), P_ = static_cast<std::size_t>(P);
+    std::vector<double> all(k * P_);
+    std::vector<Slice> slots(P_);
+    std::vector<std::size_t> got(P_);
+    const CallContext ctx{o.device, stream, comm.timeout()};
+    if (o.device == Device::Cpu) {
+      for (std::size_t r = 0; r < P_; ++r) slots[r] = {all.data() + k * r, 8 * k};
+      comm.transport().allgatherv({mine.data(), 8 * k}, slots, got, ctx);
+    } else {
+      device_small.reserve(8 * k * (P_ + 1));
+      auto* dev = static_cast<double*>(device_small.data());
+      mem::from_host(dev + k * P_, mine.data(), 8 * k, o.device, stream);
+      for (std::size_t r = 0; r < P_; ++r) slots[r] = {dev + k * r, 8 * k};
+      comm.transport().allgatherv({dev + k * P_, 8 * k}, slots, got, ctx);
+      mem::to_host(all.data(), dev, 8 * k * P_, o.device, stream);
+    }
     std::vector<double> m(mine);
     for (int r = 0; r < P; ++r)
       for (std::size_t j = 0; j < k; ++j) m[j] = std::max(m[j], all[k * static_cast<std::size_t>(r) + j]);
@@ -119,7 +122,7 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   row.transport = to_string(m.o.transport);
   row.ranks = m.P;
   row.elements = n;
-  row.error_bound = error_bound(codec->config());
+  row.error_bound = allreduce_error_bound(codec->config());
   m.prepare(n);
 
   AllreduceState state;
@@ -149,7 +152,7 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   std::size_t wire = 0;
   for (int i = 0; i < m.o.iters; ++i) {
     m.load(n);
-    m.comm.transport().barrier(CallContext{Device::Cpu, nullptr, m.comm.timeout()});  // start together
+    m.comm.transport().barrier(CallContext{m.o.device, m.stream, m.comm.timeout()});  // start together
     m.comm.allreduce(m.buffer(n), n, *codec, state, call);
     enc += stats.encode_s;
     com += stats.comm_s;

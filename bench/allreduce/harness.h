@@ -30,8 +30,6 @@ struct Row {
   std::string note;
 };
 
-/// The documented single-call relative error bound of a codec (docs/comm.md).
-double error_bound(const CodecConfig& c);
 
 class Harness {
  public:

@@ -369,6 +369,28 @@ std::string UcxTransport::describe() const {
          (impl_->peer_errors ? " err_mode=peer" : " err_mode=none");
 }
 
+#if GZ_HAVE_CUDA
+namespace {
+
+// The end of a staged exchange: what each peer sent goes from its pinned host
+// slot to the caller's device slot, this rank's own payload device to device.
+// Waits for the copies: the staging memory is reused by the next call.
+void unstage(std::span<const Slice> recv, std::span<const Slice> hrecv, std::span<const std::size_t> received,
+             std::size_t me, ConstSlice own, cudaStream_t stream) {
+  for (std::size_t r = 0; r < recv.size(); ++r) {
+    if (r == me) {
+      if (recv[me].data != own.data && own.bytes)
+        GZ_CUDA_CHECK(cudaMemcpyAsync(recv[me].data, own.data, own.bytes, cudaMemcpyDeviceToDevice, stream));
+    } else if (received[r]) {
+      GZ_CUDA_CHECK(cudaMemcpyAsync(recv[r].data, hrecv[r].data, received[r], cudaMemcpyHostToDevice, stream));
+    }
+  }
+  GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+#endif
+
 void UcxTransport::allgatherv(ConstSlice send, std::span<const Slice> recv, std::span<std::size_t> received,
                               const CallContext& ctx) {
   const auto P = static_cast<std::size_t>(size_);
@@ -407,17 +429,7 @@ void UcxTransport::allgatherv(ConstSlice send, std::span<const Slice> recv, std:
   for (std::size_t r = 0; r < P; ++r) hrecv[r] = {base + off[r], recv[r].bytes};
   hrecv[me] = {base, recv[me].bytes};  // the host copy of send is this rank's slot
   allgatherv(ConstSlice{base, send.bytes}, hrecv, received, CallContext{Device::Cpu, nullptr, ctx.timeout});
-  for (std::size_t r = 0; r < P; ++r) {
-    if (r == me) {
-      if (recv[me].data != send.data && send.bytes)
-        GZ_CUDA_CHECK(cudaMemcpyAsync(recv[me].data, send.data, send.bytes, cudaMemcpyDeviceToDevice, stream));
-      continue;
-    }
-    if (received[r])
-      GZ_CUDA_CHECK(cudaMemcpyAsync(recv[r].data, hrecv[r].data, received[r], cudaMemcpyHostToDevice, stream));
-  }
-  // The staging memory is reused by the next call: let these copies finish.
-  GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  unstage(recv, hrecv, received, me, send, stream);
 #else
   impl_->stage(1);
 #endif
@@ -470,18 +482,8 @@ void UcxTransport::alltoallv(std::span<const ConstSlice> send, std::span<const S
   hsend[me] = {nullptr, 0};
   GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
   alltoallv(hsend, hrecv, received, CallContext{Device::Cpu, nullptr, ctx.timeout});
-  for (std::size_t r = 0; r < P; ++r) {
-    if (r == me) {
-      received[me] = send[me].bytes;
-      if (recv[me].data != send[me].data && send[me].bytes)
-        GZ_CUDA_CHECK(
-            cudaMemcpyAsync(recv[me].data, send[me].data, send[me].bytes, cudaMemcpyDeviceToDevice, stream));
-      continue;
-    }
-    if (received[r])
-      GZ_CUDA_CHECK(cudaMemcpyAsync(recv[r].data, hrecv[r].data, received[r], cudaMemcpyHostToDevice, stream));
-  }
-  GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  received[me] = send[me].bytes;
+  unstage(recv, hrecv, received, me, send[me], stream);
 #else
   impl_->stage(1);
 #endif

@@ -103,7 +103,7 @@ TEST_P(Lossy, WithinBoundAndIdenticalOnAllRanks) {
   const std::size_t n = 4099;
   const auto res = run_once(P, n, spec, algo);
   const double err = rel_error(res[0].out, exact_sum(P, n));
-  EXPECT_LE(err, error_bound(parse_spec(spec))) << spec;
+  EXPECT_LE(err, allreduce_error_bound(parse_spec(spec))) << spec;
   RecordProperty("rel_error", std::to_string(err));
   for (int r = 1; r < P; ++r)
     EXPECT_EQ(fingerprint(res[static_cast<std::size_t>(r)].out.data(), n), fingerprint(res[0].out.data(), n))

@@ -78,7 +78,7 @@ TEST_P(Mp, CodecsAreWithinBoundAndIdenticalOnAllRanks) {
           auto buf = make_input(rank, n);
           comm->allreduce(buf.data(), n, *codec, state, with(a));
           const double err = rel_error(buf, exact_sum(P, n));
-          if (n > 100) MP_CHECK(err <= error_bound(codec->config()));
+          if (n > 100) MP_CHECK(err <= allreduce_error_bound(codec->config()));
           std::printf("FP %s %s %zu %016" PRIx64 " err=%.3g\n", spec.c_str(), to_string(a), n,
                       fingerprint(buf.data(), n), err);
         }

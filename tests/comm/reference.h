@@ -58,20 +58,6 @@ double rel_error(const std::vector<T>& out, const std::vector<double>& exact) {
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
-/// The documented single-call error bound of a codec (docs/comm.md): relative
-/// L2 error of one allreduce from zero EF state on these inputs, either
-/// algorithm, up to 16 ranks.
-inline double error_bound(const CodecConfig& c) {
-  switch (c.id) {
-    case CodecId::None: return 1e-6;
-    case CodecId::Fp16: return 1e-3;
-    case CodecId::Bf16: return 8e-3;
-    case CodecId::OneBit: return 1.0;
-    case CodecId::TopK: return 1.0;
-  }
-  return 0;
-}
-
 /// Bits of a float buffer, for bit-identity checks across ranks.
 inline std::uint64_t fingerprint(const float* p, std::size_t n) {
   std::uint64_t h = 1469598103934665603ull;

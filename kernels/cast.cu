@@ -1,0 +1,189 @@
+// CUDA launches of the none, fp16 and bf16 codecs: one grid-stride pass,
+// 16-byte loads and stores, over the element functions of kernels/cast.h and
+// kernels/error_feedback.h (the same ones kernels/cast_cpu.cc loops over).
+#include "kernels/cast.h"
+#include "kernels/cuda_common.cuh"
+#include "kernels/error_feedback.h"
+
+namespace gz::kernels::cuda {
+namespace {
+
+using namespace detail;
+
+// ---- none ----------------------------------------------------------------
+
+template <bool kEf>
+__global__ void __launch_bounds__(kThreads)
+    copy_encode_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, float* __restrict__ out,
+                       Blob32 head, bool vec) {
+  store_blob(head);
+  std::size_t tail = 0;
+  if (vec) {  // 4 elements per step
+    const std::size_t units = n / 4;
+    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
+      float4 v = reinterpret_cast<const float4*>(g)[u];
+      if constexpr (kEf) {
+        const float4 rv = reinterpret_cast<const float4*>(r)[u];
+        v.x += rv.x, v.y += rv.y, v.z += rv.z, v.w += rv.w;
+        reinterpret_cast<float4*>(r)[u] = make_float4(ef_residual(v.x, v.x), ef_residual(v.y, v.y),
+                                                      ef_residual(v.z, v.z), ef_residual(v.w, v.w));
+      }
+      reinterpret_cast<float4*>(out)[u] = v;
+    }
+    tail = units * 4;
+  }
+  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) {
+    const float v = kEf ? g[i] + r[i] : g[i];
+    out[i] = v;
+    if constexpr (kEf) r[i] = ef_residual(v, v);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    add_kernel(const float* __restrict__ in, std::size_t n, float* __restrict__ out, const std::uint32_t* gate,
+               bool vec) {
+  if (gate_closed(gate)) return;
+  std::size_t tail = 0;
+  if (vec) {
+    const std::size_t units = n / 4;
+    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
+      const float4 a = reinterpret_cast<const float4*>(in)[u];
+      float4 o = reinterpret_cast<float4*>(out)[u];
+      o.x += a.x, o.y += a.y, o.z += a.z, o.w += a.w;
+      reinterpret_cast<float4*>(out)[u] = o;
+    }
+    tail = units * 4;
+  }
+  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] += in[i];
+}
+
+__global__ void __launch_bounds__(kThreads) scale_kernel(float* __restrict__ out, std::size_t n, float alpha) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] *= alpha;
+}
+
+// ---- fp16 / bf16 ------------------------------------------------------------
+
+// 8 elements per step: two float4 of g (and r), one 16-byte store of payload.
+template <class Fmt, bool kEf>
+__global__ void __launch_bounds__(kThreads)
+    cast_encode_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n,
+                       std::uint16_t* __restrict__ out, Blob32 head, bool vec) {
+  store_blob(head);
+  std::size_t tail = 0;
+  if (vec) {
+    const std::size_t units = n / 8;
+    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
+      const float4* g4 = reinterpret_cast<const float4*>(g) + 2 * u;
+      const float4 a = g4[0], b = g4[1];
+      float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      if constexpr (kEf) {
+        const float4* r4 = reinterpret_cast<const float4*>(r) + 2 * u;
+        const float4 ra = r4[0], rb = r4[1];
+        const float rv[8] = {ra.x, ra.y, ra.z, ra.w, rb.x, rb.y, rb.z, rb.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = v[e] + rv[e];
+      }
+      std::uint32_t h[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) h[e] = Fmt::encode(v[e]);
+      reinterpret_cast<uint4*>(out)[u] =
+          make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16));
+      if constexpr (kEf) {
+        float res[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) res[e] = ef_residual(v[e], Fmt::decode(static_cast<std::uint16_t>(h[e])));
+        float4* r4 = reinterpret_cast<float4*>(r) + 2 * u;
+        r4[0] = make_float4(res[0], res[1], res[2], res[3]);
+        r4[1] = make_float4(res[4], res[5], res[6], res[7]);
+      }
+    }
+    tail = units * 8;
+  }
+  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) {
+    const float v = kEf ? g[i] + r[i] : g[i];
+    const std::uint16_t h = Fmt::encode(v);
+    out[i] = h;
+    if constexpr (kEf) r[i] = ef_residual(v, Fmt::decode(h));
+  }
+}
+
+template <class Fmt>
+__global__ void __launch_bounds__(kThreads)
+    cast_decode_kernel(const std::uint16_t* __restrict__ in, std::size_t n, float* __restrict__ out,
+                       const std::uint32_t* gate, bool vec) {
+  if (gate_closed(gate)) return;
+  std::size_t tail = 0;
+  if (vec) {
+    const std::size_t units = n / 8;
+    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
+      const uint4 p = reinterpret_cast<const uint4*>(in)[u];
+      float4* o4 = reinterpret_cast<float4*>(out) + 2 * u;
+      float4 a = o4[0], b = o4[1];
+      const std::uint32_t w[4] = {p.x, p.y, p.z, p.w};
+      auto lo = [](std::uint32_t x) { return Fmt::decode(static_cast<std::uint16_t>(x & 0xFFFFu)); };
+      auto hi = [](std::uint32_t x) { return Fmt::decode(static_cast<std::uint16_t>(x >> 16)); };
+      a.x += lo(w[0]), a.y += hi(w[0]), a.z += lo(w[1]), a.w += hi(w[1]);
+      b.x += lo(w[2]), b.y += hi(w[2]), b.z += lo(w[3]), b.w += hi(w[3]);
+      o4[0] = a;
+      o4[1] = b;
+    }
+    tail = units * 8;
+  }
+  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] += Fmt::decode(in[i]);
+}
+
+}  // namespace
+
+void copy_encode(const float* g, float* r, std::size_t n, float* out, const Blob32& head, Stream stream) {
+  if (n == 0 && !head.dst) return;
+  const bool vec = aligned16(g) && aligned16(out) && (!r || aligned16(r));
+  const unsigned grid = grid_for(vec ? n / 4 + 4 : n);
+  if (r)
+    copy_encode_kernel<true><<<grid, kThreads, 0, stream>>>(g, r, n, out, head, vec);
+  else
+    copy_encode_kernel<false><<<grid, kThreads, 0, stream>>>(g, r, n, out, head, vec);
+  GZ_LAUNCH_CHECK(copy_encode_kernel);
+}
+
+void add_accumulate(const float* in, std::size_t n, float* out, const std::uint32_t* gate, Stream stream) {
+  if (n == 0) return;
+  const bool vec = aligned16(in) && aligned16(out);
+  add_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(in, n, out, gate, vec);
+  GZ_LAUNCH_CHECK(add_kernel);
+}
+
+void scale(float* out, std::size_t n, float alpha, Stream stream) {
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, alpha);
+  GZ_LAUNCH_CHECK(scale_kernel);
+}
+
+template <class Fmt>
+void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out, const Blob32& head, Stream stream) {
+  if (n == 0 && !head.dst) return;
+  const bool vec = aligned16(g) && aligned16(out) && (!r || aligned16(r));
+  const unsigned grid = grid_for(vec ? n / 8 + 8 : n);
+  if (r)
+    cast_encode_kernel<Fmt, true><<<grid, kThreads, 0, stream>>>(g, r, n, out, head, vec);
+  else
+    cast_encode_kernel<Fmt, false><<<grid, kThreads, 0, stream>>>(g, r, n, out, head, vec);
+  GZ_LAUNCH_CHECK(cast_encode_kernel);
+}
+
+template <class Fmt>
+void cast_decode_accumulate(const std::uint16_t* in, std::size_t n, float* out, const std::uint32_t* gate,
+                            Stream stream) {
+  if (n == 0) return;
+  const bool vec = aligned16(in) && aligned16(out);
+  cast_decode_kernel<Fmt><<<grid_for(vec ? n / 8 + 8 : n), kThreads, 0, stream>>>(in, n, out, gate, vec);
+  GZ_LAUNCH_CHECK(cast_decode_kernel);
+}
+
+template void cast_encode<HalfFormat>(const float*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
+template void cast_encode<BFloat16Format>(const float*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
+template void cast_decode_accumulate<HalfFormat>(const std::uint16_t*, std::size_t, float*, const std::uint32_t*,
+                                                 Stream);
+template void cast_decode_accumulate<BFloat16Format>(const std::uint16_t*, std::size_t, float*,
+                                                     const std::uint32_t*, Stream);
+
+}  // namespace gz::kernels::cuda
