@@ -38,22 +38,31 @@ std::unique_ptr<Communicator> Communicator::from_env(TransportKind kind, const C
   if (!transport_available(kind))
     GZ_THROW(InvalidArgument, "this build of gradzip has no ", to_string(kind),
              " transport (configure with GRADZIP_", kind == TransportKind::Ucx ? "UCX" : "NCCL", "=ON)");
-  std::shared_ptr<Store> tcp =
-      std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0, options.timeout);
-  auto store = std::make_shared<PrefixStore>(options.prefix, std::move(tcp));
+  auto tcp = std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0, options.timeout);
+  return create(kind, std::move(tcp), info.rank, info.world_size, info.local_rank, options);
+}
+
+std::unique_ptr<Communicator> Communicator::create(TransportKind kind, std::shared_ptr<Store> store, int rank,
+                                                   int world_size, int local_rank, const CommunicatorOptions& options) {
+  if (!transport_available(kind))
+    GZ_THROW(InvalidArgument, "this build of gradzip has no ", to_string(kind),
+             " transport (configure with GRADZIP_", kind == TransportKind::Ucx ? "UCX" : "NCCL", "=ON)");
+  GZ_ENFORCE(world_size >= 1 && rank >= 0 && rank < world_size, "rank ", rank, " is not in [0, ", world_size, ")");
+  auto prefixed = std::make_shared<PrefixStore>(options.prefix, std::move(store));
   std::unique_ptr<Transport> transport;
 #if GZ_HAVE_UCX
   if (kind == TransportKind::Ucx)
-    transport = std::make_unique<UcxTransport>(*store, info.rank, info.world_size, options.timeout);
+    transport = std::make_unique<UcxTransport>(*prefixed, rank, world_size, options.timeout);
 #endif
 #if GZ_HAVE_NCCL
   if (kind == TransportKind::Nccl) {
     int device = options.cuda_device;
-    if (device < 0) device = info.local_rank % std::max(1, NcclTransport::device_count());
-    transport = std::make_unique<NcclTransport>(*store, info.rank, info.world_size, device, options.timeout);
+    if (device < 0) device = local_rank % std::max(1, NcclTransport::device_count());
+    transport = std::make_unique<NcclTransport>(*prefixed, rank, world_size, device, options.timeout);
   }
 #endif
-  return std::make_unique<Communicator>(std::move(store), std::move(transport), options);
+  (void)local_rank;
+  return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options);
 }
 
 Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport,

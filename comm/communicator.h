@@ -54,6 +54,12 @@ class Communicator {
   /// the TcpStore; then the transport connects every pair. Collective.
   static std::unique_ptr<Communicator> from_env(TransportKind kind, const CommunicatorOptions& options = {});
 
+  /// Over a store the caller already shares with the other ranks (e.g.
+  /// torch.distributed's): the transport rendezvous under options.prefix.
+  /// `local_rank` picks the GPU for NCCL when options.cuda_device < 0. Collective.
+  static std::unique_ptr<Communicator> create(TransportKind kind, std::shared_ptr<Store> store, int rank,
+                                              int world_size, int local_rank, const CommunicatorOptions& options = {});
+
   /// From parts (tests use a HashStore and threads).
   Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport, CommunicatorOptions options = {});
   /// When nothing failed, waits (briefly) for every rank to arrive, so that

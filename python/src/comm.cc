@@ -24,14 +24,7 @@
 #include "codec_handle.h"
 #include "comm/allreduce.h"
 #include "comm/communicator.h"
-#include "comm/prefix_store.h"
 #include "common/error.h"
-#if GZ_HAVE_UCX
-#include "comm/ucx/ucx_transport.h"
-#endif
-#if GZ_HAVE_NCCL
-#include "comm/nccl/nccl_transport.h"
-#endif
 
 namespace nb = nanobind;
 
@@ -159,8 +152,6 @@ std::unique_ptr<CommHandle> from_env(std::string_view transport, std::optional<d
 std::unique_ptr<CommHandle> from_store(nb::object store, int rank, int world_size, std::string_view transport,
                                        std::optional<double> timeout_s, const std::string& prefix, int cuda_device) {
   const gz::TransportKind kind = gz::parse_transport_kind(transport);
-  if (!gz::transport_available(kind))
-    GZ_THROW(gz::InvalidArgument, "this build of gradzip has no ", gz::to_string(kind), " transport");
   if (world_size < 1 || rank < 0 || rank >= world_size)
     GZ_THROW(gz::InvalidArgument, "rank ", rank, " is not in [0, ", world_size, ")");
   for (const char* m : {"set", "get", "wait", "add", "check"})
@@ -171,20 +162,8 @@ std::unique_ptr<CommHandle> from_store(nb::object store, int rank, int world_siz
   auto py = std::make_shared<PyStore>(std::move(store), options.timeout);
   auto h = std::make_unique<CommHandle>();
   nb::gil_scoped_release release;
-  auto prefixed = std::make_shared<gz::PrefixStore>(options.prefix, py);
-  std::unique_ptr<gz::Transport> t;
-#if GZ_HAVE_UCX
-  if (kind == gz::TransportKind::Ucx)
-    t = std::make_unique<gz::UcxTransport>(*prefixed, rank, world_size, options.timeout);
-#endif
-#if GZ_HAVE_NCCL
-  if (kind == gz::TransportKind::Nccl) {
-    int device = cuda_device;
-    if (device < 0) device = rank % std::max(1, gz::NcclTransport::device_count());
-    t = std::make_unique<gz::NcclTransport>(*prefixed, rank, world_size, device, options.timeout);
-  }
-#endif
-  h->comm = std::make_unique<gz::Communicator>(std::move(prefixed), std::move(t), options);
+  // A torch store has no local rank; one GPU per rank on a node is the usual layout.
+  h->comm = gz::Communicator::create(kind, std::move(py), rank, world_size, rank, options);
   return h;
 }
 
