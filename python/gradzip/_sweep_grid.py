@@ -180,7 +180,11 @@ class Grid:
 
     def points(self) -> list[Point]:
         """All points: per (ranks, link, size) the gloo baseline first, then
-        the codecs per algorithm; training runs after the allreduce points."""
+        the codecs per algorithm. With `train`, the training runs instead
+        (one per codec setting, plus the fp32 reference)."""
+        if self.train:
+            methods = dict.fromkeys(["fp32"] + self.codecs)
+            return [Point(self.train_ranks, LOCAL, 0, "train", self.train, m) for m in methods]
         pts: list[Point] = []
         for p in self.ranks:
             for link in self.links:
@@ -189,9 +193,6 @@ class Grid:
                         pts.append(Point(p, link, n, "gloo", "gloo", "gloo"))
                     for alg in self.algorithms:
                         pts += [Point(p, link, n, "allreduce", alg, c) for c in self.codecs]
-        if self.train:
-            methods = ["fp32"] + [c for c in self.codecs]
-            pts += [Point(self.train_ranks, LOCAL, 0, "train", self.train, m) for m in dict.fromkeys(methods)]
         return pts
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -44,9 +45,12 @@ class Tools:
     bench: str               # gradzip-bench
     gloo_script: str | None  # bench/gloo_allreduce.py (None: gloo points are skipped)
     python: str = sys.executable
+    #: The digits experiment (the Python package's); it takes --ranks --methods
+    #: --seeds --json [--epochs] and writes {"summary": [...]} (see _take_training).
+    train_cmd: list[str] = field(default_factory=lambda: [sys.executable, "-m", "gradzip.experiments.digits"])
 
 
-def find_tools(bin_dir: str | None) -> Tools:
+def find_tools(bin_dir: str | None, train_cmd: str | None = None) -> Tools:
     """gradzip-run and gradzip-bench from --bin-dir, $GRADZIP_BIN_DIR, ./build/bin,
     the checkout's build/bin, or PATH, in that order."""
     candidates = [bin_dir, os.environ.get("GRADZIP_BIN_DIR"), "build/bin", str(REPO_ROOT / "build" / "bin")]
@@ -68,7 +72,10 @@ def find_tools(bin_dir: str | None) -> Tools:
         if cand.exists():
             gloo = str(cand.resolve())
             break
-    return Tools(found["gradzip-run"], found["gradzip-bench"], gloo)
+    tools = Tools(found["gradzip-run"], found["gradzip-bench"], gloo)
+    if train_cmd:
+        tools.train_cmd = shlex.split(train_cmd)
+    return tools
 
 
 @dataclass
@@ -144,8 +151,8 @@ def plan_groups(points: Sequence[Point], tools: Tools, timing: Timing, tmp: str)
                 tools.python, tools.gloo_script, "--sizes", ",".join(str(p.elements) for p in g.points),
                 "--iters", str(timing.iters), "--warmup", str(timing.warmup), "--jsonl", g.rows_file]
         else:
-            g.cmd = [tools.python, "-m", "gradzip.experiments.digits", "--ranks", str(p0.ranks),
-                     "--methods", p0.codec + ";", "--seeds", timing.train_seeds, "--json", g.rows_file]
+            g.cmd = tools.train_cmd + ["--ranks", str(p0.ranks), "--methods", p0.codec + ";",
+                                       "--seeds", timing.train_seeds, "--json", g.rows_file]
             if timing.train_epochs:
                 g.cmd += ["--epochs", str(timing.train_epochs)]
         g.deadline_s = timing.timeout_scale * (120.0 + 5.0 * sum(predicted_seconds(p, timing) for p in g.points))

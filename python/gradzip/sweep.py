@@ -46,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "train_ranks": 4,
     "train_epochs": None,
     "train_seeds": "0",
+    "train_cmd": None,
     "compute_ms": [100.0, 300.0],
     "overlap": 0.0,
     "title": "",
@@ -84,6 +85,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--train", choices=["digits"], help="also train with every codec setting (accuracy vs bytes)")
     ap.add_argument("--train-epochs", type=int, help="epochs of the training runs (default: the experiment's)")
     ap.add_argument("--train-seeds", help="seeds of the training runs, e.g. 0,1,2 (default 0)")
+    ap.add_argument("--train-cmd", help="the training command (default: python -m gradzip.experiments.digits)")
     ap.add_argument("--compute-ms", help="compute times per step for the scaling-efficiency model (default 100,300)")
     ap.add_argument("--overlap", type=float, help="fraction of compute the allreduce can hide behind (default 0)")
     ap.add_argument("--out", help="results folder (default sweep-out)")
@@ -160,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         meta_path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         try:
-            tools = find_tools(args.bin_dir)
+            tools = find_tools(args.bin_dir, s["train_cmd"])
             failures = run_points(points, results, tools, timing, out / "sweep.log")
         except SweepError as e:
             print(f"gradzip-sweep: {e}", file=sys.stderr)

@@ -216,3 +216,34 @@ def test_emulated_links_need_root(fake_bin: Path, tmp_path: Path) -> None:
         pytest.skip("running as root")
     assert sweep.main(["--bin-dir", str(fake_bin), "--out", str(tmp_path / "o"), "--links", "1gbit",
                        "--no-gloo"]) == 2
+
+
+FAKE_DIGITS = """\
+#!{python}
+# The digits experiment's stand-in: its command line and its JSON summary.
+import json, sys
+a = sys.argv[1:]
+opt = lambda k: a[a.index(k) + 1]
+methods = [m for m in opt("--methods").split(";") if m]
+acc = {{"fp32": 0.97, "onebit": 0.965}}
+summary = [dict(method=m, seeds=[0], accuracy=[acc.get(m, 0.9)], accuracy_mean=acc.get(m, 0.9),
+                payload_bytes_per_step=1000.0, payload_ratio=28.0 if m != "fp32" else 1.0,
+                wire_bytes_per_step=1500.0, wire_ratio=28.0 if m != "fp32" else 1.0, seconds=1.0,
+                identical_on_all_ranks=True) for m in methods]
+json.dump(dict(settings=dict(epochs=int(opt("--epochs")) if "--epochs" in a else 40), ranks=int(opt("--ranks")),
+               results=[], summary=summary), open(opt("--json"), "w"))
+"""
+
+
+def test_train_digits_runs_the_experiment_per_codec_setting(fake_bin: Path, tmp_path: Path) -> None:
+    script = tmp_path / "digits.py"
+    script.write_text(textwrap.dedent(FAKE_DIGITS).format(python=sys.executable))
+    out = tmp_path / "t"
+    assert sweep.main(["--bin-dir", str(fake_bin), "--out", str(out), "--train", "digits", "--codecs", "onebit,fp16",
+                       "--train-cmd", f"{sys.executable} {script}", "--train-epochs", "2", "--links", "local"]) == 0
+    recs = {r["codec"]: r for r in json.loads((out / "points.json").read_text())}
+    assert set(recs) == {"fp32", "onebit", "fp16"} and all(r["mode"] == "train" for r in recs.values())
+    assert recs["onebit"]["accuracy"] == pytest.approx(0.965) and recs["onebit"]["ratio"] == 28.0
+    assert recs["fp32"]["epochs"] == 2
+    assert (out / "accuracy_vs_ratio.png").exists()
+    assert "## Training (digits)" in (out / "report.md").read_text()
