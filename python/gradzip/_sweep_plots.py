@@ -98,14 +98,20 @@ def error_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | None
         k = _label(r)
         if r["ranks"] == ranks and (k not in best or r["elements"] > best[k]["elements"]):
             best[k] = r
-    for i, (label, r) in enumerate(sorted(best.items(), key=lambda kv: kv[1]["ratio"])):
+    # Labels of neighbouring points (ratios within 40%) are staggered vertically.
+    offsets = [(5, 5), (5, -11), (5, 17), (5, -23), (5, 29), (5, -35)]
+    last_x, k = 0.0, 0
+    for label, r in sorted(best.items(), key=lambda kv: kv[1]["ratio"]):
         err = max(r["rel_error"], 1e-9)
+        k = k + 1 if last_x and r["ratio"] < 1.4 * last_x else 0
+        last_x = r["ratio"]
         ax.scatter(r["ratio"], err, color=_FAMILY_COLORS.get(_family(label)), s=40)
-        ax.annotate(label, (r["ratio"], err), fontsize=7, xytext=(4, 8 if i % 2 else -11),
+        ax.annotate(label, (r["ratio"], err), fontsize=7, xytext=offsets[k % len(offsets)],
                     textcoords="offset points")
     ax.set_title(f"error vs compression ({ranks} ranks)")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_ylim(top=20 * max(max(r["rel_error"] for r in best.values()), 1e-9))  # room for the labels
     ax.set_xlabel("compression ratio (fp32 wire bytes / codec wire bytes)")
     ax.set_ylabel("relative L2 error of one allreduce (zero EF state)")
     ax.grid(True, which="both", alpha=0.3)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
@@ -53,6 +52,21 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _LISTS = ("algorithms", "sizes", "ranks", "links", "compute_ms")
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    try:
+        import tomllib  # Python >= 3.11
+    except ModuleNotFoundError:  # the package supports 3.9: tomli is the same parser
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise GridError("--config needs Python >= 3.11 (tomllib) or the tomli package") from None
+    with open(path, "rb") as f:
+        try:
+            return tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise GridError(f"{path}: {e}") from None
 
 
 def _split(value: Any) -> list[Any]:
@@ -101,8 +115,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Defaults, then the TOML file ([sweep] table or top level), then the flags."""
     s = dict(DEFAULTS)
     if args.config:
-        with open(args.config, "rb") as f:
-            data = tomllib.load(f)
+        data = _load_toml(args.config)
         data = data.get("sweep", data)
         unknown = sorted(set(k.replace("-", "_") for k in data) - set(DEFAULTS))
         if unknown:
@@ -134,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         s = settings(args)
         grid = build_grid(s)
-    except (GridError, OSError, tomllib.TOMLDecodeError, ValueError) as e:
+    except (GridError, OSError, ValueError) as e:
         print(f"gradzip-sweep: {e}", file=sys.stderr)
         return 2
     out = Path(s["out"])
