@@ -127,12 +127,17 @@ def accuracy_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | N
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.8))
-    for r in tr:
+    offsets = [(5, 5), (5, -11), (5, 17), (5, -23)]
+    last_x, k = 0.0, 0
+    for r in sorted(tr, key=lambda r: (r["ratio"], -r["accuracy"])):
+        k = k + 1 if last_x and r["ratio"] < 1.4 * last_x else 0
+        last_x = r["ratio"]
         ax.scatter(r["ratio"], 100 * r["accuracy"], color=_FAMILY_COLORS.get(_family(r["codec"]), "tab:purple"),
                    s=40)
-        ax.annotate(r["codec"], (r["ratio"], 100 * r["accuracy"]), fontsize=7, xytext=(4, 3),
+        ax.annotate(r["codec"], (r["ratio"], 100 * r["accuracy"]), fontsize=7, xytext=offsets[k % len(offsets)],
                     textcoords="offset points")
     ax.set_xscale("log")
+    ax.margins(x=0.3, y=0.08)
     ax.set_xlabel("compression ratio of the bytes sent per step")
     ax.set_ylabel("final test accuracy (%)")
     ax.set_title("digits: accuracy vs compression")

@@ -151,7 +151,9 @@ def plan_groups(points: Sequence[Point], tools: Tools, timing: Timing, tmp: str)
                 tools.python, tools.gloo_script, "--sizes", ",".join(str(p.elements) for p in g.points),
                 "--iters", str(timing.iters), "--warmup", str(timing.warmup), "--jsonl", g.rows_file]
         else:
-            g.cmd = tools.train_cmd + ["--ranks", str(p0.ranks), "--methods", p0.codec + ";",
+            # One method per run: it is recorded when it finishes. A gradzip spec's
+            # commas are kept together by the experiment's own --methods parsing.
+            g.cmd = tools.train_cmd + ["--ranks", str(p0.ranks), "--methods", p0.codec,
                                        "--seeds", timing.train_seeds, "--json", g.rows_file]
             if timing.train_epochs:
                 g.cmd += ["--epochs", str(timing.train_epochs)]
