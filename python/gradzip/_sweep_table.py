@@ -114,12 +114,19 @@ def efficiency(t_allreduce_ms: float, compute_ms: float, overlap: float) -> floa
     return compute_ms / step
 
 
+def compute_for(target: float, t_allreduce_ms: float, overlap: float) -> float:
+    """The compute time per step at which the model reaches `target` efficiency
+    (T_c = T_ar / (1/target - 1 + overlap))."""
+    return t_allreduce_ms / (1.0 / target - 1.0 + overlap)
+
+
 def scaling(records: Sequence[dict[str, Any]], compute_ms: Sequence[float], overlap: float,
             codecs: Sequence[str] | None = None) -> str:
-    """Modelled scaling efficiency per (ranks, link, size) and codec, for each compute time."""
+    """Modelled scaling efficiency per (ranks, link, size) and codec, for each
+    compute time, and the compute time per step that keeps 90%."""
     heads = " | ".join(f"T_c = {c:g} ms" for c in compute_ms)
-    lines = [f"| ranks | link | floats | codec | allreduce ms | {heads} |",
-             "|---|---|---|---|---|" + "---|" * len(compute_ms)]
+    lines = [f"| ranks | link | floats | codec | allreduce ms | {heads} | T_c for 90% |",
+             "|---|---|---|---|---|" + "---|" * len(compute_ms) + "---|"]
     order = {c: i for i, c in enumerate(codecs or [])}
     for (p, link, n), rs in sorted(_groups(records).items()):
         rows: list[tuple[str, float]] = []
@@ -132,7 +139,10 @@ def scaling(records: Sequence[dict[str, Any]], compute_ms: Sequence[float], over
             rows.append(("torch gloo (fp32)", g["total_ms"]))
         for label, t in rows:
             effs = " | ".join(f"{100 * efficiency(t, c, overlap):.1f}%" for c in compute_ms)
-            lines.append(f"| {p} | {link} | {_fmt_n(n)} | {label} | {_fmt_ms(t)} | {effs} |")
+            need = compute_for(0.9, t, overlap)
+            lines.append(f"| {p} | {link} | {_fmt_n(n)} | {label} | {_fmt_ms(t)} | {effs} | "
+                         f"{need / 1e3:.2g} s |" if need >= 1e3 else
+                         f"| {p} | {link} | {_fmt_n(n)} | {label} | {_fmt_ms(t)} | {effs} | {need:.0f} ms |")
     return "\n".join(lines) + "\n"
 
 
@@ -166,7 +176,8 @@ def report(records: Sequence[dict[str, Any]], compute_ms: Sequence[float], overl
              headline(records, codecs),
              f"## Modelled scaling efficiency (overlap = {overlap:g})", "",
              "T_step = T_c + max(0, T_allreduce - overlap x T_c); efficiency = T_c / T_step "
-             "(the fraction of the ideal P-fold speedup kept).", "",
+             "(the fraction of the ideal P-fold speedup kept). `T_c for 90%`: the compute per step at which "
+             "the efficiency is 90%, T_allreduce / (1/0.9 - 1 + overlap).", "",
              scaling(records, compute_ms, overlap, codecs)]
     train = training(records)
     if train:

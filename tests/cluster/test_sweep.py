@@ -94,6 +94,8 @@ def test_efficiency_model() -> None:
     assert table.efficiency(100.0, 100.0, 0.0) == pytest.approx(0.5)
     assert table.efficiency(50.0, 100.0, 0.5) == 1.0  # fully hidden behind the overlappable compute
     assert table.efficiency(150.0, 100.0, 0.5) == pytest.approx(100 / 200)
+    for overlap in (0.0, 0.5):
+        assert table.efficiency(176.0, table.compute_for(0.9, 176.0, overlap), overlap) == pytest.approx(0.9)
 
 
 # --- record and resume, with stand-ins for the binaries -----------------------------------------
