@@ -91,17 +91,41 @@ class Timing:
     train_seeds: str = "0"
 
 
+def _wire_fraction(codec: str, ranks: int) -> float:
+    """Roughly what share of fp32's bytes a codec sends (for the estimate only)."""
+    name, _, params = codec.partition(":")
+    if name in ("fp16", "bf16"):
+        return 0.5
+    if name == "onebit":
+        return 0.04
+    if name == "topk":
+        kv = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
+        try:
+            density = float(kv.get("density", 0.01))
+        except ValueError:
+            density = 0.01
+        return min(1.0, ranks * density)  # allgather of (index, value) pairs
+    return 1.0
+
+
 def predicted_seconds(point: Point, timing: Timing) -> float:
     """A rough cost of one point, for the time-remaining estimate and the
-    deadlines: the link time of its bytes plus CPU time for the codec
-    work on a loaded 2-core machine, per call, times the calls."""
+    deadlines: per call, the link time of its bytes plus the CPU work of the
+    ranks sharing the machine's cores (calibrated on the 2-core VM: the fp32
+    allreduce of 100M floats on 4 ranks spends about 0.5 s in copies and sums,
+    a codec about twice that), times the calls, plus start-up."""
     if point.mode == "train":
         return 120.0 * (timing.train_epochs or 40) / 40
     calls = timing.iters + timing.warmup + 1
     bound = fp32_link_bound_s(point.ranks, point.elements, point.link) or 0.0
-    cpu = 40e-9 * point.elements * max(point.ranks, 1) / 2  # ranks share 2 cores
-    per_call = (bound + cpu) if point.codec in ("none", "gloo") else (bound / 4 + 2 * cpu)
-    return 3.0 + calls * per_call + (5e-9 * point.elements * point.ranks if point.mode == "allreduce" else 0.0)
+    share = max(1.0, point.ranks / max(os.cpu_count() or 1, 1))
+    cpu = 1.2e-9 * point.elements * share
+    if point.codec in ("none", "gloo"):
+        per_call = bound + cpu
+    else:
+        per_call = bound * _wire_fraction(point.codec, point.ranks) + 2 * cpu
+    check = 5e-9 * point.elements * point.ranks if point.mode == "allreduce" else 0.0  # the bench's error check
+    return 3.0 + calls * per_call + check
 
 
 def _launcher(tools: Tools, ranks: int, link: str, timing: Timing) -> list[str]:
