@@ -314,19 +314,21 @@ void NetnsPlacement::run(const std::vector<std::string>& argv) const {
   if (r.code != 0) throw std::runtime_error("'" + join(argv) + "' failed: " + r.output);
 }
 
-// tbf on `dev`: RATE with the bucket above. The switch port (ingress side)
-// queues 20 ms at RATE, a switch's buffer: room for flows converging on one
-// port, small next to a phase of the allreduce. The rank's own egress queue
-// is large (16 MiB): a real NIC stops its queue and the socket waits, where
-// a full tbf drops the packet and the local TCP sender halves its window as
-// if the network had dropped it (TCP small queues keep a socket's share of
-// that queue to a few MiB anyway). With a delay, netem (root) holds each
-// packet DELAY and hands it to the tbf child.
+// tbf on `dev`: RATE with the bucket above and a queue of 20 ms at RATE, a
+// switch port's buffer: room for flows converging on one port, small next to
+// a phase of the allreduce. On the rank's own egress the queue is at least
+// 1 MiB: there a full tbf drops the packet and the local TCP sender halves
+// its window as if the network had (a real NIC makes the socket wait); 2
+// ranks at 100 Mbit/s lost 46-76 packets per run with 20 ms (325 KB). Not
+// more: a deep queue is latency that every step of a ring allreduce pays
+// (16 MiB made gloo's 4M-float allreduce at 1 Gbit/s 1.48x the link time,
+// against 1.05x with 3 MB). With a delay, netem (root) holds each packet
+// DELAY and hands it to the tbf child.
 void NetnsPlacement::shape(const std::string& ns, const std::string& dev, bool with_delay) const {
   const std::uint64_t port_queue =
       std::max<std::uint64_t>(link_.rate_bps / 8 / 50 + link_.burst_bytes, 4 * link_.burst_bytes);
   const bool egress = with_delay;  // the rank's side of the veth
-  const std::uint64_t limit = egress ? std::max<std::uint64_t>(port_queue, 16ull << 20) : port_queue;
+  const std::uint64_t limit = egress ? std::max<std::uint64_t>(port_queue, 1ull << 20) : port_queue;
   std::vector<std::string> tbf = {"tbf", "rate", std::to_string(link_.rate_bps) + "bit", "burst",
                                   std::to_string(link_.burst_bytes), "limit", std::to_string(limit)};
   std::vector<std::string> cmd = {tools_.tc, "-n", ns, "qdisc", "add", "dev", dev};
