@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
         r.speedup = r.total_ms > 0 ? base.total_ms / r.total_ms : 0;
         r.ratio = r.wire_bytes ? static_cast<double>(base.wire_bytes) / static_cast<double>(r.wire_bytes) : 0;
         if (root) bench::print_row(r);
+        if (root && !o.jsonl.empty()) bench::append_jsonl(o.jsonl, r);
         rows.push_back(r);
       };
       bool base_listed = false;

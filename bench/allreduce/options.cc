@@ -25,6 +25,7 @@ void usage(FILE* f) {
                "  --warmup N         untimed iterations first (default 2)\n"
                "  --device D         cpu | cuda (default cpu; ranks may share a GPU over ucx)\n"
                "  --json FILE        also write the rows as a JSON list\n"
+               "  --jsonl FILE       append each row to FILE as one JSON line when it finishes\n"
                "  --timeout S        seconds before a silent peer is an error (default GRADZIP_TIMEOUT_S or 60)\n"
                "Codecs: %s\n",
                std::string(codec_names()).c_str());
@@ -74,11 +75,12 @@ Options parse_options(int argc, char** argv) {
                                  {"warmup", required_argument, nullptr, 'w'},
                                  {"device", required_argument, nullptr, 'd'},
                                  {"json", required_argument, nullptr, 'j'},
+                                 {"jsonl", required_argument, nullptr, 'l'},
                                  {"timeout", required_argument, nullptr, 'T'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
   try {
-    for (int c; (c = getopt_long(argc, argv, "c:s:t:a:i:w:d:j:T:h", longs, nullptr)) != -1;) {
+    for (int c; (c = getopt_long(argc, argv, "c:s:t:a:i:w:d:j:l:T:h", longs, nullptr)) != -1;) {
       const std::string v = optarg ? optarg : "";
       switch (c) {
         case 'c':
@@ -104,6 +106,7 @@ Options parse_options(int argc, char** argv) {
           else bad("--device must be cpu or cuda");
           break;
         case 'j': o.json = v; break;
+        case 'l': o.jsonl = v; break;
         case 'T': {
           char* end = nullptr;
           o.timeout_s = std::strtod(optarg, &end);

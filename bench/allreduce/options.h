@@ -19,6 +19,7 @@ struct Options {
   int warmup = 2;
   Device device = Device::Cpu;
   std::string json;       ///< write records here when set
+  std::string jsonl;      ///< append each record here as it finishes
   double timeout_s = 0;   ///< 0: GRADZIP_TIMEOUT_S or 60
 };
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <sstream>
 
 #include "common/error.h"
 
@@ -78,26 +79,36 @@ bool print_footer(const std::vector<Row>& rows) {
   return failed == 0;
 }
 
+std::string json_record(const Row& r) {
+  std::ostringstream f;
+  f << "{\"codec\": " << json_string(r.codec)
+    << ", \"algorithm\": " << json_string(r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm))
+    << ", \"transport\": " << json_string(r.transport) << ", \"ranks\": " << r.ranks
+    << ", \"elements\": " << r.elements << ", \"wire_bytes_per_rank\": " << r.wire_bytes
+    << ", \"ratio\": " << num(r.ratio) << ", \"encode_ms\": " << num(r.encode_ms)
+    << ", \"comm_ms\": " << num(r.comm_ms) << ", \"decode_ms\": " << num(r.decode_ms)
+    << ", \"total_ms\": " << num(r.total_ms) << ", \"baseline_ms\": " << num(r.baseline_ms)
+    << ", \"speedup\": " << num(r.speedup) << ", \"rel_error\": " << num(r.rel_error)
+    << ", \"error_bound\": " << num(r.error_bound) << ", \"workspace_bytes\": " << r.workspace_bytes
+    << ", \"identical\": " << (r.identical ? "true" : "false") << ", \"ok\": " << (r.ok ? "true" : "false")
+    << "}";
+  return f.str();
+}
+
 void write_json(const std::string& path, const std::vector<Row>& rows) {
   std::ofstream f(path);
   if (!f) GZ_THROW(IoError, "cannot write ", path);
   f << "[\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    f << "  {\"codec\": " << json_string(r.codec)
-      << ", \"algorithm\": " << json_string(r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm))
-      << ", \"transport\": " << json_string(r.transport) << ", \"ranks\": " << r.ranks
-      << ", \"elements\": " << r.elements << ", \"wire_bytes_per_rank\": " << r.wire_bytes
-      << ", \"ratio\": " << num(r.ratio) << ", \"encode_ms\": " << num(r.encode_ms)
-      << ", \"comm_ms\": " << num(r.comm_ms) << ", \"decode_ms\": " << num(r.decode_ms)
-      << ", \"total_ms\": " << num(r.total_ms) << ", \"baseline_ms\": " << num(r.baseline_ms)
-      << ", \"speedup\": " << num(r.speedup) << ", \"rel_error\": " << num(r.rel_error)
-      << ", \"error_bound\": " << num(r.error_bound) << ", \"workspace_bytes\": " << r.workspace_bytes
-      << ", \"identical\": " << (r.identical ? "true" : "false") << ", \"ok\": " << (r.ok ? "true" : "false")
-      << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
-  }
+  for (std::size_t i = 0; i < rows.size(); ++i) f << "  " << json_record(rows[i]) << (i + 1 < rows.size() ? "," : "") << "\n";
   f << "]\n";
   if (!f) GZ_THROW(IoError, "writing ", path, " failed");
+}
+
+void append_jsonl(const std::string& path, const Row& row) {
+  std::ofstream f(path, std::ios::app);
+  if (!f) GZ_THROW(IoError, "cannot append to ", path);
+  f << json_record(row) << "\n" << std::flush;
+  if (!f) GZ_THROW(IoError, "appending to ", path, " failed");
 }
 
 }  // namespace gz::bench

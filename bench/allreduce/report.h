@@ -15,5 +15,8 @@ void print_row(const Row& r);
 bool print_footer(const std::vector<Row>& rows);
 /// Writes rows as a JSON list of records. Throws IoError.
 void write_json(const std::string& path, const std::vector<Row>& rows);
+/// Appends one row as a line of JSON (the keys of write_json), flushed: a
+/// sweep reads rows as they finish.
+void append_jsonl(const std::string& path, const Row& row);
 
 }  // namespace gz::bench

@@ -89,35 +89,71 @@ int free_port(const std::string& host) {
   return ntohs(a.sin_port);
 }
 
+namespace {
+
+// The launcher's signals go through a pipe to the poll loop. Installed before
+// the placement's setup so that SIGINT/SIGTERM during setup still lets
+// teardown run; removed (default actions back) only after teardown.
+class SignalPipe {
+ public:
+  SignalPipe() {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error("pipe failed");
+    struct sigaction sa{};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int sig : kSignals) ::sigaction(sig, &sa, nullptr);
+  }
+  ~SignalPipe() {
+    for (int sig : kSignals) ::signal(sig, SIG_DFL);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+    g_signal_pipe[0] = g_signal_pipe[1] = -1;
+  }
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+  /// The first pending signal other than SIGCHLD (0 if none); consumes the pipe.
+  static int pending() {
+    int first = 0;
+    unsigned char sigs[64];
+    for (ssize_t n; (n = ::read(g_signal_pipe[0], sigs, sizeof sigs)) > 0;)
+      for (ssize_t i = 0; i < n; ++i)
+        if (!first && sigs[i] != SIGCHLD) first = sigs[i];
+    return first;
+  }
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGCHLD, SIGHUP};
+};
+
+}  // namespace
+
 int launch(const LaunchOptions& o, Placement& placement) {
   if (o.ranks < 1) throw std::runtime_error("need at least one rank");
   if (o.command.empty()) throw std::runtime_error("no command given");
+  SignalPipe signal_pipe;  // destroyed last: teardown below runs with signals caught
   placement.setup(o.ranks);
   struct Teardown {
     Placement& p;
     ~Teardown() { p.teardown(); }
   } teardown{placement};
+  if (const int sig = SignalPipe::pending()) {
+    std::fprintf(stderr, "gradzip-run: got %s during setup; starting no rank\n", strsignal(sig));
+    return 128 + sig;
+  }
 
   const std::string addr = placement.master_addr();
-  const int port = o.port ? o.port : free_port(addr);
-
-  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error("pipe failed");
-  struct sigaction sa{};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  const int port = placement.master_port(o.port);
 
   std::vector<Rank> ranks(static_cast<std::size_t>(o.ranks));
   for (int r = 0; r < o.ranks; ++r) {
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
     const std::vector<std::string> argv_s = placement.wrap(r, o.command);
+    const std::map<std::string, std::string> rank_env = placement.env(r);
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
       ::setpgid(0, 0);  // its own group: signals reach the rank's children too
-      for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::signal(sig, SIG_DFL);
+      for (int sig : SignalPipe::kSignals) ::signal(sig, SIG_DFL);
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
       const std::map<std::string, std::string> vars = {
@@ -129,6 +165,7 @@ int launch(const LaunchOptions& o, Placement& placement) {
           {"LOCAL_WORLD_SIZE", std::to_string(o.ranks)},
       };
       for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+      for (const auto& [k, v] : rank_env) ::setenv(k.c_str(), v.c_str(), 1);
       for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
       for (const auto& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
@@ -229,8 +266,6 @@ int launch(const LaunchOptions& o, Placement& placement) {
       killed = true;
     }
   }
-  ::close(g_signal_pipe[0]);
-  ::close(g_signal_pipe[1]);
   return result;
 }
 

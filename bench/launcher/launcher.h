@@ -5,10 +5,11 @@
 // launcher are forwarded to every rank.
 //
 // Where ranks run is a Placement: LocalPlacement runs them as plain local
-// processes on 127.0.0.1. The emulated cluster (--link RATE[,DELAY]) will be
-// another Placement that makes a network namespace per rank, wraps each
-// rank's command to enter it, and names rank 0's namespace address as
-// MASTER_ADDR; the launch loop stays as it is.
+// processes on 127.0.0.1; NetnsPlacement (netns_placement.h, --link
+// RATE[,DELAY]) makes a network namespace per rank, wraps each rank's command
+// to enter it, and names rank 0's namespace address as MASTER_ADDR. Signals
+// are caught before setup() and teardown() runs on every exit path, so an
+// interrupt during setup or the run still removes what setup made.
 #pragma once
 
 #include <chrono>
@@ -26,6 +27,9 @@ struct LaunchOptions {
   std::map<std::string, std::string> env;     ///< extra variables for every rank
 };
 
+/// A free TCP port on `host` (bound and released).
+int free_port(const std::string& host);
+
 /// Where and how each rank runs.
 class Placement {
  public:
@@ -34,6 +38,13 @@ class Placement {
   virtual void setup(int ranks) { (void)ranks; }
   /// The address ranks use to reach rank 0's store.
   virtual std::string master_addr() const = 0;
+  /// MASTER_PORT: `requested` when not 0, else a free port on master_addr().
+  virtual int master_port(int requested) const { return requested ? requested : free_port(master_addr()); }
+  /// Extra environment for one rank (before LaunchOptions::env, which wins).
+  virtual std::map<std::string, std::string> env(int rank) const {
+    (void)rank;
+    return {};
+  }
   /// The argv that runs `command` as `rank` (e.g. wrapped in `ip netns exec`).
   virtual std::vector<std::string> wrap(int rank, const std::vector<std::string>& command) const {
     (void)rank;
@@ -51,8 +62,5 @@ class LocalPlacement final : public Placement {
 /// Runs the job; returns the launcher's exit code: 0 when every rank exited
 /// 0, else the first failing rank's code (128 + signal when killed).
 int launch(const LaunchOptions& options, Placement& placement);
-
-/// A free TCP port on `host` (bound and released).
-int free_port(const std::string& host);
 
 }  // namespace gz::launcher

@@ -1,4 +1,4 @@
-// gradzip-run -n N [--port P] [--grace S] [--env K=V] -- CMD ARGS...
+// gradzip-run -n N [--link RATE[,DELAY]] [--port P] [--grace S] [--env K=V] -- CMD ARGS...
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -6,12 +6,14 @@
 #include <string>
 
 #include "bench/launcher/launcher.h"
+#include "bench/launcher/netns_placement.h"
 
 namespace {
 
 void usage(FILE* f) {
   std::fputs(
-      "usage: gradzip-run -n N [--port P] [--grace SECONDS] [--env KEY=VALUE]... -- CMD [ARGS...]\n"
+      "usage: gradzip-run -n N [--link RATE[,DELAY]] [--port P] [--grace SECONDS] [--env KEY=VALUE]... -- CMD [ARGS...]\n"
+      "       gradzip-run --cleanup\n"
       "\n"
       "Starts N ranks of CMD on this machine with the torchrun environment\n"
       "(MASTER_ADDR=127.0.0.1, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,\n"
@@ -22,7 +24,21 @@ void usage(FILE* f) {
       "  -n, --nproc N      number of ranks (required)\n"
       "  --port P           MASTER_PORT (default: a free port)\n"
       "  --grace SECONDS    time between SIGTERM and SIGKILL (default 5)\n"
-      "  --env KEY=VALUE    extra environment for every rank (repeatable)\n",
+      "  --env KEY=VALUE    extra environment for every rank (repeatable)\n"
+      "\n"
+      "Emulated cluster (root and iproute2 needed):\n"
+      "  --link RATE[,DELAY]  each rank in its own network namespace, joined to a switch\n"
+      "                     (a bridge) by a link shaped to RATE each way (tc tbf), e.g. 1gbit,\n"
+      "                     10gbit, 100mbit; DELAY adds one-way latency between ranks (tc netem,\n"
+      "                     e.g. 50us, 1ms; refused when the kernel lacks netem). Ranks get\n"
+      "                     MASTER_ADDR = rank 0's address, UCX_TLS=tcp, UCX_NET_DEVICES and\n"
+      "                     GLOO_SOCKET_IFNAME = eth0, UCX eager sends (--env overrides them;\n"
+      "                     docs/cluster.md). Everything it makes is deleted when the job ends,\n"
+      "                     fails or is interrupted.\n"
+      "  --mtu BYTES        link MTU (default 9000: jumbo frames, as on cluster networks)\n"
+      "  --burst BYTES      tbf bucket (default 4 ms at RATE, within 64 KiB..2 MiB)\n"
+      "  --verbose          print every ip/tc command\n"
+      "  --cleanup          delete namespaces left by gradzip-run processes that are gone, and exit\n",
       f);
 }
 
@@ -41,6 +57,8 @@ int parse_int(const char* s, const char* what) {
 int main(int argc, char** argv) {
   gz::launcher::LaunchOptions o;
   o.ranks = 0;
+  std::string link, mtu, burst;
+  bool verbose = false, cleanup = false;
   int i = 1;
   for (; i < argc; ++i) {
     const std::string a = argv[i];
@@ -68,6 +86,16 @@ int main(int argc, char** argv) {
         return 2;
       }
       o.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    } else if (a == "--link") {
+      link = value("--link");
+    } else if (a == "--mtu") {
+      mtu = value("--mtu");
+    } else if (a == "--burst") {
+      burst = value("--burst");
+    } else if (a == "--verbose") {
+      verbose = true;
+    } else if (a == "--cleanup") {
+      cleanup = true;
     } else if (a == "-h" || a == "--help") {
       usage(stdout);
       return 0;
@@ -80,13 +108,49 @@ int main(int argc, char** argv) {
     }
   }
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  if (cleanup) {
+    try {
+      const auto tools = gz::launcher::check_prerequisites();
+      const int n = gz::launcher::cleanup_stale(tools, true);
+      std::fprintf(stderr, "gradzip-run: deleted %d stale network namespace(s)\n", n);
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gradzip-run: %s\n", e.what());
+      return 1;
+    }
+  }
   if (o.ranks < 1 || o.command.empty()) {
     usage(stderr);
     return 2;
   }
+  if (link.empty() && (!mtu.empty() || !burst.empty())) {
+    std::fprintf(stderr, "gradzip-run: --mtu and --burst shape --link; give --link too\n");
+    return 2;
+  }
   try {
-    gz::launcher::LocalPlacement local;
-    return gz::launcher::launch(o, local);
+    if (link.empty()) {
+      gz::launcher::LocalPlacement local;
+      return gz::launcher::launch(o, local);
+    }
+    gz::launcher::LinkSpec spec;
+    try {
+      spec = gz::launcher::parse_link(link);
+      if (!mtu.empty()) spec.mtu = parse_int(mtu.c_str(), "--mtu");
+      if (!burst.empty()) {
+        char* end = nullptr;
+        spec.burst_bytes = std::strtoull(burst.c_str(), &end, 10);
+        if (burst[0] == '-' || *end || spec.burst_bytes == 0 || spec.burst_bytes > (1ull << 30))
+          throw std::invalid_argument("--burst must be a byte count in 1..2^30, got '" + burst + "'");
+      }
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "gradzip-run: %s\n", e.what());
+      return 2;
+    }
+    gz::launcher::NetnsPlacement netns(spec, verbose);
+    return gz::launcher::launch(o, netns);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "gradzip-run: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gradzip-run: %s\n", e.what());
     return 1;

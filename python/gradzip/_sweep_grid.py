@@ -1,0 +1,221 @@
+"""The sweep's grid: codec spec grids, sizes, links, and the points they make.
+
+Pure Python (no compiled extension), so the grid can be expanded and tested
+anywhere. The spec-grid grammar is the one of ``gz::expand_spec_grid``
+(compressors/spec.cc)::
+
+    topk:density=0.1,0.01,onebit:block=256,1024
+      -> topk:density=0.1  topk:density=0.01  onebit:block=256  onebit:block=1024
+
+An item with ':' starts a codec (name, then its first key=value); an item
+that is a codec name alone starts a codec without keys; an item with '=' and
+no ':' adds a key to the current codec; any other item is one more value of
+the current key. Several keys multiply (a product, in the order given).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+CODEC_NAMES = ("none", "fp16", "bf16", "onebit", "topk")
+
+#: A point's mode: a bare allreduce (gradzip-bench), torch's gloo allreduce
+#: (the outside baseline), or a training run (--train digits).
+MODES = ("allreduce", "gloo", "train")
+
+ALGORITHMS = ("auto", "allgather", "scatter_reduce")
+
+LOCAL = "local"  # no emulated link: ranks on loopback / shared memory
+
+
+class GridError(ValueError):
+    """A sweep setting that cannot be understood; the message says why."""
+
+
+def _items(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def expand_spec_grid(text: str | Sequence[str]) -> list[str]:
+    """Expands spec grids into single specs, in order, without duplicates."""
+    if not isinstance(text, str):
+        out: list[str] = []
+        for t in text:
+            out += [s for s in expand_spec_grid(t) if s not in out]
+        return out
+    grids: list[tuple[str, list[tuple[str, list[str]]]]] = []
+    for item in _items(text):
+        colon, eq = item.find(":"), item.find("=")
+        if colon >= 0 or (eq < 0 and item in CODEC_NAMES):
+            name = item[:colon].strip() if colon >= 0 else item
+            if name not in CODEC_NAMES:
+                raise GridError(f"spec grid '{text}': unknown codec '{name}'; valid: {', '.join(CODEC_NAMES)}")
+            grids.append((name, []))
+            if colon < 0:
+                continue
+            item = item[colon + 1:].strip()
+            if not item:
+                continue
+        if not grids:
+            raise GridError(f"spec grid '{text}' must start with a codec name")
+        eq = item.find("=")
+        keys = grids[-1][1]
+        if eq >= 0:
+            key, value = item[:eq].strip(), item[eq + 1:].strip()
+            if not key or not value:
+                raise GridError(f"spec grid '{text}': '{item}' is not key=value")
+            keys.append((key, [value]))
+        elif not keys:
+            raise GridError(f"spec grid '{text}': value '{item}' follows no key")
+        else:
+            keys[-1][1].append(item)
+    out = []
+    for name, keys in grids:
+        specs = [name]
+        for key, values in keys:
+            specs = [s + ("," if ":" in s else ":") + f"{key}={v}" for s in specs for v in values]
+        out += [s for s in specs if s not in out]
+    return out
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE]\d+)?)\s*([kKmMgG]?)\s*$")
+
+
+def parse_size(value: int | str) -> int:
+    """An element count: 1048576, "1M" (K/M/G are powers of 1024, as in
+    gradzip-bench), "25.6e6" or 1e8 (decimal counts for round model sizes)."""
+    if isinstance(value, bool):
+        raise GridError(f"size {value!r} is not a count")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float):
+        if not value.is_integer():
+            raise GridError(f"size {value} is not a whole number of elements")
+        n = int(value)
+    else:
+        m = _SIZE.match(value)
+        if not m:
+            raise GridError(f"size '{value}' is not a count like 1048576, 16M or 25.6e6")
+        number, suffix = m.groups()
+        x = float(number) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[suffix.lower()]
+        if not x.is_integer():
+            raise GridError(f"size '{value}' is not a whole number of elements")
+        n = int(x)
+    if n < 1 or n > 1 << 34:
+        raise GridError(f"size {value!r} is outside 1..2^34 elements")
+    return n
+
+
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
+_DELAY = re.compile(r"^(\d+(?:\.\d+)?)(ns|us|ms|s)$")
+_RATE_MULT = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+
+
+def parse_link(text: str) -> str:
+    """Checks a link as gradzip-run --link takes it ("1gbit", "10gbit,50us")
+    or "local"; returns it lower-cased without spaces."""
+    t = text.strip().lower().replace(" ", "")
+    if t == LOCAL:
+        return t
+    rate, _, delay = t.partition(",")
+    if not _RATE.match(rate):
+        raise GridError(f"link '{text}': the rate needs a unit, e.g. 100mbit, 1gbit, 10gbit (or 'local')")
+    if delay and not _DELAY.match(delay):
+        raise GridError(f"link '{text}': the delay needs a unit, e.g. 50us or 1ms")
+    return t
+
+
+def link_rate_bps(link: str) -> float | None:
+    """Bits per second of a link, None for "local"."""
+    if link == LOCAL:
+        return None
+    m = _RATE.match(link.partition(",")[0])
+    assert m, link
+    return float(m.group(1)) * _RATE_MULT[m.group(2)]
+
+
+def fp32_link_bound_s(ranks: int, elements: int, link: str) -> float | None:
+    """The fp32 allreduce's lower bound on a link: 2(P-1)/P x 4n bytes / rate."""
+    rate = link_rate_bps(link)
+    if rate is None or ranks < 2:
+        return None
+    return 2 * (ranks - 1) / ranks * 4 * elements * 8 / rate
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """One measurement of the sweep; `key` identifies it across runs (resume)."""
+
+    ranks: int
+    link: str
+    elements: int
+    mode: str
+    algorithm: str  # as requested (auto resolves in the bench); "gloo" / "train"
+    codec: str      # as requested; "gloo" for the gloo baseline; a method for train
+
+    @property
+    def key(self) -> str:
+        return f"{self.mode}|{self.ranks}|{self.link}|{self.algorithm}|{self.elements}|{self.codec}"
+
+    def describe(self) -> str:
+        size = f" n={self.elements}" if self.elements else ""
+        alg = f" {self.algorithm}" if self.mode == "allreduce" else ""
+        return f"{self.mode} P={self.ranks} {self.link}{size}{alg} {self.codec}"
+
+
+@dataclass
+class Grid:
+    """Everything a sweep measures (the settings of timing live in SweepConfig)."""
+
+    codecs: list[str]
+    algorithms: list[str]
+    sizes: list[int]
+    ranks: list[int]
+    links: list[str]
+    gloo: bool = True
+    train: str | None = None       # "digits"
+    train_ranks: int = 4
+
+    def points(self) -> list[Point]:
+        """All points: per (ranks, link, size) the gloo baseline first, then
+        the codecs per algorithm. With `train`, the training runs instead
+        (one per codec setting, plus the fp32 reference)."""
+        if self.train:
+            methods = dict.fromkeys(["fp32"] + self.codecs)
+            return [Point(self.train_ranks, LOCAL, 0, "train", self.train, m) for m in methods]
+        pts: list[Point] = []
+        for p in self.ranks:
+            for link in self.links:
+                for n in self.sizes:
+                    if self.gloo:
+                        pts.append(Point(p, link, n, "gloo", "gloo", "gloo"))
+                    for alg in self.algorithms:
+                        pts += [Point(p, link, n, "allreduce", alg, c) for c in self.codecs]
+        return pts
+
+
+def make_grid(codecs: str | Sequence[str], algorithms: Iterable[str], sizes: Iterable[int | str],
+              ranks: Iterable[int], links: Iterable[str], gloo: bool = True, train: str | None = None,
+              train_ranks: int = 4) -> Grid:
+    """Validates and expands the settings into a Grid; raises GridError."""
+    specs = expand_spec_grid(codecs)
+    if not specs:
+        raise GridError("no codecs to sweep")
+    algs = [a.strip().replace("-", "_") for a in algorithms]
+    for a in algs:
+        if a not in ALGORITHMS:
+            raise GridError(f"algorithm '{a}': valid: {', '.join(ALGORITHMS)}")
+    ns = [parse_size(s) for s in sizes]
+    ps = [int(r) for r in ranks]
+    for r in ps:
+        if r < 1 or r > 253:
+            raise GridError(f"ranks {r}: must be in 1..253")
+    ls = [parse_link(x) for x in links]
+    if train not in (None, "digits"):
+        raise GridError(f"--train '{train}': the one experiment is 'digits'")
+    if not (algs and ns and ps and ls):
+        raise GridError("algorithms, sizes, ranks and links each need at least one value")
+    return Grid(specs, list(dict.fromkeys(algs)), list(dict.fromkeys(ns)), list(dict.fromkeys(ps)),
+                list(dict.fromkeys(ls)), gloo, train, train_ranks)

@@ -1,0 +1,176 @@
+"""The sweep's plots (matplotlib, PNG, no display needed).
+
+- speedup_vs_size.png: speedup over the uncompressed fp32 allreduce against
+  the message size, one line per codec, one panel per (ranks, link); the
+  gloo allreduce is drawn as a dashed line (its speedup over gradzip's fp32).
+- error_vs_ratio.png: relative error of one allreduce against the
+  compression ratio (wire bytes of fp32 / of the codec).
+- accuracy_vs_ratio.png: --train digits: final test accuracy against the
+  compression ratio of the bytes sent per step.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+_FAMILY_COLORS = {"none": "black", "fp16": "tab:blue", "bf16": "tab:cyan", "onebit": "tab:red",
+                  "topk": "tab:green", "gloo": "gray"}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on a server
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _family(codec: str) -> str:
+    return codec.replace(" ", ":").split(":", 1)[0]
+
+
+_STYLES = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")]
+
+
+def _label(r: dict[str, Any]) -> str:
+    alg = r["algorithm"]
+    return r["codec"] if alg == "auto" else f"{r['codec']} ({alg})"
+
+
+def speedup_vs_size(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    ar = [r for r in records if r.get("mode") == "allreduce" and r.get("total_ms")]
+    if not ar:
+        return None
+    plt = _pyplot()
+    panels = sorted({(r["ranks"], r["link"]) for r in ar}, key=lambda k: (k[0], _rate_key(k[1])))
+    cols = min(len(panels), 2)
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.6 * rows), squeeze=False)
+    for ax, (p, link) in zip(axes.flat, panels):
+        mine = [r for r in ar if (r["ranks"], r["link"]) == (p, link)]
+        seen: dict[str, int] = {}  # settings drawn per codec family: marker and line style
+        for label in dict.fromkeys(_label(r) for r in mine):
+            pts = sorted((r["elements"], r["speedup"]) for r in mine if _label(r) == label)
+            fam = _family(label)
+            marker, style = _STYLES[seen.get(fam, 0) % len(_STYLES)]
+            seen[fam] = seen.get(fam, 0) + 1
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, linestyle=style, label=label,
+                    color=_FAMILY_COLORS.get(fam))
+        gloo = sorted((r["elements"], r["total_ms"]) for r in records
+                      if r.get("mode") == "gloo" and (r["ranks"], r["link"]) == (p, link))
+        base = {r["elements"]: r["baseline_ms"] for r in mine if r.get("baseline_ms")}
+        g = [(n, base[n] / t) for n, t in gloo if n in base and t]
+        if g:
+            ax.plot([x for x, _ in g], [y for _, y in g], "k--", marker="s", label="torch gloo (fp32)")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(_plain())
+        ax.yaxis.set_minor_formatter(_plain(minor=True))
+        ax.set_xlabel("gradient size (floats)")
+        ax.set_ylabel("speedup over fp32 allreduce")
+        ax.set_title(f"{p} ranks, {link}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def error_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    ar = [r for r in records if r.get("mode") == "allreduce" and r.get("ratio")]
+    if not ar:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    # One point per codec setting, on the most ranks measured, at its largest
+    # size (the error barely moves with size; the ratio of allgather codecs
+    # moves with the rank count).
+    ranks = max(r["ranks"] for r in ar)
+    best: dict[str, dict[str, Any]] = {}
+    for r in ar:
+        k = _label(r)
+        if r["ranks"] == ranks and (k not in best or r["elements"] > best[k]["elements"]):
+            best[k] = r
+    # Labels of neighbouring points (ratios within 40%) are staggered vertically.
+    offsets = [(5, 5), (5, -11), (5, 17), (5, -23), (5, 29), (5, -35)]
+    last_x, k = 0.0, 0
+    for label, r in sorted(best.items(), key=lambda kv: kv[1]["ratio"]):
+        err = max(r["rel_error"], 1e-9)
+        k = k + 1 if last_x and r["ratio"] < 1.4 * last_x else 0
+        last_x = r["ratio"]
+        ax.scatter(r["ratio"], err, color=_FAMILY_COLORS.get(_family(label)), s=40)
+        ax.annotate(label, (r["ratio"], err), fontsize=7, xytext=offsets[k % len(offsets)],
+                    textcoords="offset points")
+    ax.set_title(f"error vs compression ({ranks} ranks)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(top=20 * max(max(r["rel_error"] for r in best.values()), 1e-9))  # room for the labels
+    ax.set_xlabel("compression ratio (fp32 wire bytes / codec wire bytes)")
+    ax.set_ylabel("relative L2 error of one allreduce (zero EF state)")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    tr = [r for r in records if r.get("mode") == "train" and r.get("accuracy") is not None and r.get("ratio")]
+    if not tr:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    offsets = [(5, 5), (5, -11), (5, 17), (5, -23)]
+    last_x, k = 0.0, 0
+    for r in sorted(tr, key=lambda r: (r["ratio"], -r["accuracy"])):
+        k = k + 1 if last_x and r["ratio"] < 1.4 * last_x else 0
+        last_x = r["ratio"]
+        ax.scatter(r["ratio"], 100 * r["accuracy"], color=_FAMILY_COLORS.get(_family(r["codec"]), "tab:purple"),
+                   s=40)
+        ax.annotate(r["codec"], (r["ratio"], 100 * r["accuracy"]), fontsize=7, xytext=offsets[k % len(offsets)],
+                    textcoords="offset points")
+    ax.set_xscale("log")
+    ax.margins(x=0.3, y=0.08)
+    ax.set_xlabel("compression ratio of the bytes sent per step")
+    ax.set_ylabel("final test accuracy (%)")
+    ax.set_title("digits: accuracy vs compression")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plain(minor: bool = False) -> Any:
+    """Tick labels like 0.5, 2, 20 on a log axis (not 2x10^0)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(y: float, _pos: int) -> str:
+        if minor and not any(abs(y - m * 10 ** math.floor(math.log10(y))) < 1e-9 * y for m in (2, 5)):
+            return ""
+        return f"{y:g}"
+
+    return FuncFormatter(fmt)
+
+
+def _rate_key(link: str) -> float:
+    from ._sweep_grid import link_rate_bps
+
+    r = link_rate_bps(link)
+    return r if r is not None else math.inf
+
+
+def plot_all(records: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
+    """Writes every plot that has data; returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    made = [speedup_vs_size(records, folder / "speedup_vs_size.png"),
+            error_vs_ratio(records, folder / "error_vs_ratio.png"),
+            accuracy_vs_ratio(records, folder / "accuracy_vs_ratio.png")]
+    return [p for p in made if p is not None]
