@@ -40,7 +40,7 @@ gz_apt_deps() {
 gz_build() {
   gz_log "building gradzip in $GZ_BUILD_DIR"
   cmake -S "$GZ_ROOT" -B "$GZ_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADZIP_WERROR="$GZ_WERROR" \
-        ${GZ_CMAKE_ARGS:-}
+        ${GZ_PYTHON:+-DPython3_EXECUTABLE="$GZ_PYTHON"} ${GZ_CMAKE_ARGS:-}
   cmake --build "$GZ_BUILD_DIR" -j "$GZ_JOBS"
 }
 
@@ -52,7 +52,10 @@ gz_build() {
 # of gradzip (the same CMake project through scikit-build-core; incremental
 # in $GZ_BUILD_DIR/python-wheel). Exports GZ_PYTHON.
 #   GZ_BASE_PYTHON  interpreter to start from (default: python3)
-gz_python() {
+# The Python environment: python3 itself when it is already a venv, else
+# build/venv (seeing the system's packages, so an installed torch is reused),
+# with the packages the package, its tests and the sweep need.
+gz_python_env() {
   local base="${GZ_BASE_PYTHON:-python3}" venv="$GZ_BUILD_DIR/venv"
   if ! "$base" -c 'import ensurepip, os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' \
        2>/dev/null; then  # Debian's python3 ships venv and the headers separately
@@ -79,13 +82,18 @@ gz_python() {
   fi
   local need=() mod
   for mod in numpy:numpy sklearn:scikit-learn pytest:pytest "scikit_build_core:scikit-build-core>=0.10" \
-             "nanobind:nanobind>=2.2"; do
+             "nanobind:nanobind>=2.2" matplotlib:matplotlib; do
     "$GZ_PYTHON" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
   done
   if ((${#need[@]})); then
     gz_log "installing Python packages: ${need[*]}"
     "$GZ_PYTHON" -m pip install -q "${need[@]}"
   fi
+}
+
+# pip install . of the gradzip package into that environment.
+gz_python() {
+  [[ -n "${GZ_PYTHON:-}" ]] || gz_python_env
   gz_log "pip install . (gradzip Python package)"
   CMAKE_BUILD_PARALLEL_LEVEL="$GZ_JOBS" "$GZ_PYTHON" -m pip install -q --no-build-isolation --no-deps "$GZ_ROOT" \
     -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="$GZ_WERROR"

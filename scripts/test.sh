@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Every test: set up, build with warnings as errors, run ctest, then fuzz the
-# payload decoders for a bounded time with clang's libFuzzer + sanitizers.
+# Every test: set up, build with warnings as errors, run ctest (C++, CUDA
+# where a GPU is present, multi-process UCX, the emulated cluster as root),
+# install the Python package and run pytest, then fuzz the payload decoders
+# for a bounded time with clang's libFuzzer + sanitizers.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 export GZ_WERROR=ON
 gz_apt_deps
+gz_python_env  # first: the cluster tests that ctest runs use its python3
 gz_build
 gz_log "ctest"
 ctest --test-dir "$GZ_BUILD_DIR" --output-on-failure -j "$GZ_JOBS" --timeout 600
