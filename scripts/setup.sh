@@ -18,7 +18,7 @@ gz_log() { printf '\n==> %s\n' "$*"; }
 # UCX, iproute2 (emulated cluster), clang + libFuzzer runtime (fuzzing).
 gz_apt_deps() {
   local pkgs=(build-essential cmake ninja-build git pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-              libucx-dev ucx-utils iproute2 clang libclang-rt-14-dev)
+              libucx-dev ucx-utils iproute2 clang libclang-rt-14-dev ccache)
   local missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -36,8 +36,17 @@ gz_apt_deps() {
   fi
 }
 
+# The main build and the Python package's build (pip install .) compile the
+# same sources with the same flags: with ccache the second one is mostly hits.
+gz_ccache() {
+  if command -v ccache >/dev/null; then
+    export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+  fi
+}
+
 # Configures and builds the C++ project (CUDA/NCCL/UCX: AUTO).
 gz_build() {
+  gz_ccache
   gz_log "building gradzip in $GZ_BUILD_DIR"
   cmake -S "$GZ_ROOT" -B "$GZ_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADZIP_WERROR="$GZ_WERROR" \
         ${GZ_PYTHON:+-DPython3_EXECUTABLE="$GZ_PYTHON"} ${GZ_CMAKE_ARGS:-}
@@ -94,6 +103,7 @@ gz_python_env() {
 # pip install . of the gradzip package into that environment.
 gz_python() {
   [[ -n "${GZ_PYTHON:-}" ]] || gz_python_env
+  gz_ccache
   gz_log "pip install . (gradzip Python package)"
   CMAKE_BUILD_PARALLEL_LEVEL="$GZ_JOBS" "$GZ_PYTHON" -m pip install -q --no-build-isolation --no-deps "$GZ_ROOT" \
     -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="$GZ_WERROR"

@@ -1,5 +1,7 @@
 #include "bench/allreduce/harness.h"
 
+#include "common/fingerprint.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,16 +30,6 @@ double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-52 -
 // (constant over runs of 64 elements), so the sum has structure to keep.
 float input(int r, std::size_t i) {
   return static_cast<float>(unit(mix((std::uint64_t(r) << 40) ^ i)) + 0.5 * unit(mix(0xB1A5ull << 40 ^ (i >> 6))));
-}
-
-std::uint64_t fingerprint(const float* p, std::size_t n) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, &p[i], 4);
-    h = (h ^ u) * 1099511628211ull;
-  }
-  return h;
 }
 
 }  // namespace

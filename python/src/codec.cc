@@ -33,13 +33,19 @@ gz::Device parse_device(std::string_view d) {
   GZ_THROW(gz::InvalidArgument, "unknown device '", d, "'; valid: cpu, cuda");
 }
 
-gz::ExecContext make_context(const Place& place, std::uintptr_t stream, const Span* workspace) {
+// Where a call on `data` runs: its device, the stream (CUDA only), and the
+// optional workspace array, checked to live beside `data`.
+gz::ExecContext make_context(const Span& data, const char* name, std::uintptr_t stream, const OutArray& workspace) {
+  if (data.place.device == gz::Device::Cpu && stream != 0)
+    GZ_THROW(gz::InvalidArgument, "a stream was given but ", name, " is a host array");
   gz::ExecContext ctx;
-  ctx.device = place.device;
+  ctx.device = data.place.device;
   ctx.stream = reinterpret_cast<gz::Stream>(stream);
-  if (workspace) {
-    ctx.workspace = workspace->data;
-    ctx.workspace_bytes = workspace->count;
+  if (workspace.is_valid()) {
+    const Span ws = check_array(workspace, Elem::U8, "workspace");
+    check_same_place(data, name, ws, "workspace");
+    ctx.workspace = ws.data;
+    ctx.workspace_bytes = ws.count;
   }
   return ctx;
 }
@@ -65,15 +71,7 @@ std::size_t encode_into(CodecHandle& self, const InArray& grad, const OutArray& 
     check_disjoint(g, g.count * 4, "grad", r, r.count * 4, "residual");
     check_disjoint(r, r.count * 4, "residual", p, p.count, "payload");
   }
-  Span ws;
-  if (workspace.is_valid()) {
-    ws = check_array(workspace, Elem::U8, "workspace");
-    check_same_place(g, "grad", ws, "workspace");
-  }
-  if (g.place.device == gz::Device::Cpu && stream != 0)
-    GZ_THROW(gz::InvalidArgument, "a stream was given but grad is a host array");
-
-  const gz::ExecContext ctx = make_context(g.place, stream, workspace.is_valid() ? &ws : nullptr);
+  const gz::ExecContext ctx = make_context(g, "grad", stream, workspace);
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(self.mutex());
   return codec.encode(static_cast<const float*>(g.data), static_cast<float*>(r.data), g.count,
@@ -87,15 +85,7 @@ void decode_accumulate_into(CodecHandle& self, const InArray& payload, const Out
   const Span o = check_array(out, Elem::F32, "out");
   check_same_place(o, "out", p, "payload");
   check_disjoint(o, o.count * 4, "out", p, p.count, "payload");
-  Span ws;
-  if (workspace.is_valid()) {
-    ws = check_array(workspace, Elem::U8, "workspace");
-    check_same_place(o, "out", ws, "workspace");
-  }
-  if (o.place.device == gz::Device::Cpu && stream != 0)
-    GZ_THROW(gz::InvalidArgument, "a stream was given but out is a host array");
-
-  const gz::ExecContext ctx = make_context(o.place, stream, workspace.is_valid() ? &ws : nullptr);
+  const gz::ExecContext ctx = make_context(o, "out", stream, workspace);
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(self.mutex());
   codec.decode_accumulate(static_cast<const std::byte*>(p.data), p.count, static_cast<float*>(o.data), o.count, ctx);

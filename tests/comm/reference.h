@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/allreduce.h"
+#include "common/fingerprint.h"
 #include "compressors/spec.h"
 
 namespace gz::test {
@@ -56,17 +57,6 @@ double rel_error(const std::vector<T>& out, const std::vector<double>& exact) {
     den += exact[i] * exact[i];
   }
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
-/// Bits of a float buffer, for bit-identity checks across ranks.
-inline std::uint64_t fingerprint(const float* p, std::size_t n) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, &p[i], 4);
-    h = (h ^ u) * 1099511628211ull;
-  }
-  return h;
 }
 
 }  // namespace gz::test
