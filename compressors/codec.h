@@ -155,9 +155,11 @@ class Codec {
 
   CodecConfig config_;
   std::vector<std::byte> host_scratch_;
-  void* device_scratch_ = nullptr;  // owned; cudaFree'd by the destructor
-  std::size_t device_scratch_bytes_ = 0;
-  int device_scratch_device_ = -1;
+  // The codec's own device workspace (owned; cudaFree'd by the destructor).
+  // Unused in a build without CUDA, where the layout stays the same.
+  [[maybe_unused]] void* device_scratch_ = nullptr;
+  [[maybe_unused]] std::size_t device_scratch_bytes_ = 0;
+  [[maybe_unused]] int device_scratch_device_ = -1;
 };
 
 /// Builds the codec a spec string names. Throws InvalidArgument.
