@@ -1,6 +1,6 @@
 # Data-parallel training whose gradients travel compressed.
 # Run: torchrun --nproc-per-node=2 examples/ddp_hook.py
-import torch, torch.distributed as dist
+import gc, torch, torch.distributed as dist
 from gradzip.torch import CompressionState, compression_hook
 
 dist.init_process_group("gloo")  # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -13,4 +13,5 @@ for step in range(50):
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
     opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()
 print(f"rank {dist.get_rank()}: {state.compression_stats()['ratio']:.1f}x fewer bytes per step")
+del model, opt; gc.collect()  # DDP holds the group: free it so gloo's threads stop before exit
 dist.destroy_process_group()

@@ -9,6 +9,7 @@ the timeout and every rank is killed: a test never hangs CI.
 from __future__ import annotations
 
 import datetime
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -40,6 +41,7 @@ def _entry(fn: Callable, rank: int, world_size: int, port: int, results: Any, ar
         results.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
+            gc.collect()  # DDP objects left in cycles hold the group; gloo's threads must stop before exit
             dist.destroy_process_group()
 
 

@@ -23,6 +23,7 @@ communicator for @gradzip.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -212,6 +213,7 @@ def _worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Seq
             with open(out_path, "w") as f:
                 json.dump(results, f)
     finally:
+        gc.collect()  # DDP objects left in cycles hold the group; gloo's threads must stop before exit
         dist.destroy_process_group()
 
 
