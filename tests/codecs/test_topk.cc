@@ -47,7 +47,7 @@ Result run_topk(const std::vector<float>& g, std::vector<float>* r, std::size_t 
   return res;
 }
 
-enum class Dist { Normal, Cauchy, FewLevels, AllZero, SpikesOnSample, SpikesOffSample, Exponents };
+enum class Dist { Normal, Cauchy, FewLevels, AllZero, SpikesOnSample, SpikesOffSample, Exponents, Clustered };
 
 std::vector<float> make(Dist d, std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -74,6 +74,10 @@ std::vector<float> make(Dist d, std::size_t n, std::uint64_t seed) {
     case Dist::SpikesOffSample:  // the largest values hide between sampled positions
       v = test::normal(n, seed, 1e-3f);
       for (std::size_t j = 0; j + 1 < n; j += 97) v[j + 1] = (j % 2 ? 1.0f : -1.0f) * static_cast<float>(j + 1);
+      return v;
+    case Dist::Clustered:  // every large value in one eighth: more candidates than a per-stream slice holds
+      v = test::normal(n, seed, 1e-3f);
+      for (std::size_t i = n / 8; i < n / 4; ++i) v[i] *= 1000.0f;
       return v;
     case Dist::Exponents: {
       std::uniform_int_distribution<int> e(-140, 120);
@@ -127,6 +131,8 @@ std::vector<Case> cases() {
     out.push_back({Dist::SpikesOnSample, 262144, k});
     out.push_back({Dist::SpikesOffSample, 262144, k});
   }
+  for (std::size_t k : {2621u, 20000u}) out.push_back({Dist::Clustered, 262144, k});
+  out.push_back({Dist::Clustered, (1u << 20) + 3, 10486});
   out.push_back({Dist::Normal, (1u << 20) + 3, 10486});
   return out;
 }
