@@ -157,37 +157,37 @@ struct CandidateList {
   }
 };
 
-// Lists the elements i..i+32 of v whose key reaches `bound`, where v = g, or
-// with EF v = g + r, stored back to r.
+// Lists the elements i..i+16 (one cache line) of v whose key reaches
+// `bound`, where v = g, or with EF v = g + r, stored back to r.
 template <bool kEf>
-void scan32(const float* g, float* r, std::size_t i, std::uint32_t bound, CandidateList& list) {
+void scan16(const float* g, float* r, std::size_t i, std::uint32_t bound, CandidateList& list) {
 #if defined(__AVX512F__)
-  // Compares straight into mask registers and compress-stores the hits: the
-  // portable loop's horizontal mask reduction and its branchy push (a third
-  // of the 32-blocks hold a candidate at k = 1%) are a large share of this
-  // memory-bound pass on one core.
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (std::size_t h = i; h < i + 32; h += 16) {
-    __m512 v = _mm512_loadu_ps(g + h);
-    if constexpr (kEf) {
-      v = _mm512_add_ps(v, _mm512_loadu_ps(r + h));
-      _mm512_storeu_ps(r + h, v);
-    }
-    const __m512i key = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));  // topk_key
-    const __mmask16 m = _mm512_cmpge_epu32_mask(key, _mm512_set1_epi32(static_cast<int>(bound)));
-    if (m == 0) continue;
-    if (list.count + 16 <= list.capacity) {
-      const __m512i index = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(h)));
-      _mm512_mask_compressstoreu_epi32(list.idx + list.count, m, index);
-      _mm512_mask_compressstoreu_ps(list.val + list.count, m, v);
-      list.count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(m)));
-    } else {
-      list.push(m, h, kEf ? r : g);
-    }
+  // Compares straight into a mask register and compresses the hits in
+  // registers: the portable loop's horizontal mask reduction and its branchy
+  // push are a large share of this memory-bound pass on one core.
+  __m512 v = _mm512_loadu_ps(g + i);
+  if constexpr (kEf) {
+    v = _mm512_add_ps(v, _mm512_loadu_ps(r + i));
+    _mm512_storeu_ps(r + i, v);
+  }
+  const __m512i key = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));  // topk_key
+  const __mmask16 m = _mm512_cmpge_epu32_mask(key, _mm512_set1_epi32(static_cast<int>(bound)));
+  if (m == 0) return;
+  if (list.count + 16 <= list.capacity) {
+    // A full 16-lane store after an in-register compress (the lanes past the
+    // hits are overwritten later or ignored): a compress straight to memory
+    // is several times slower on Intel cores.
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i index = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(i)));
+    _mm512_storeu_si512(list.idx + list.count, _mm512_maskz_compress_epi32(m, index));
+    _mm512_storeu_ps(list.val + list.count, _mm512_maskz_compress_ps(m, v));
+    list.count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(m)));
+  } else {
+    list.push(m, i, kEf ? r : g);
   }
 #else
   std::uint32_t mask = 0;
-  for (int b = 0; b < 32; ++b) {
+  for (int b = 0; b < 16; ++b) {
     const float v = kEf ? g[i + b] + r[i + b] : g[i + b];
     if constexpr (kEf) r[i + b] = v;
     mask |= static_cast<std::uint32_t>(topk_key(v) >= bound) << b;
@@ -203,14 +203,10 @@ void scan_candidates(const float* g, float* r, std::size_t begin, std::size_t en
                      CandidateList& list) {
   const float* values = kEf ? r : g;
   std::size_t i = begin;
-  for (; i + 32 <= end; i += 32) {
+  for (; i + 16 <= end; i += 16) {
     __builtin_prefetch(g + i + kPrefetchAhead);
-    __builtin_prefetch(g + i + kPrefetchAhead + 16);
-    if constexpr (kEf) {
-      __builtin_prefetch(r + i + kPrefetchAhead);
-      __builtin_prefetch(r + i + kPrefetchAhead + 16);
-    }
-    scan32<kEf>(g, r, i, bound, list);
+    if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead);
+    scan16<kEf>(g, r, i, bound, list);
   }
   std::uint32_t mask = 0;
   for (int b = 0; i + b < end; ++b) {
@@ -233,17 +229,17 @@ void scan_candidates(const float* g, float* r, std::size_t begin, std::size_t en
 template <bool kEf>
 std::size_t find_candidates(const float* g, float* r, std::size_t n, std::uint32_t bound, const Workspace& ws) {
   constexpr std::size_t kStreams = 4;
-  const std::size_t chunk = n / kStreams / 32 * 32;
+  const std::size_t chunk = n / kStreams / 16 * 16;
   const std::size_t slice = ws.capacity / kStreams;
   std::array<CandidateList, kStreams> lists;
   for (std::size_t s = 0; s < kStreams; ++s) lists[s] = {ws.cand_idx + s * slice, ws.cand_val + s * slice, slice};
   const float* values = kEf ? r : g;
-  for (std::size_t j = 0; j < chunk; j += 32) {
+  for (std::size_t j = 0; j < chunk; j += 16) {
     for (std::size_t s = 0; s < kStreams; ++s) {
       const std::size_t i = s * chunk + j;
-      __builtin_prefetch(g + i + kPrefetchAhead / 4);
-      if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead / 4);
-      scan32<kEf>(g, r, i, bound, lists[s]);
+      __builtin_prefetch(g + i + kPrefetchAhead / kStreams);
+      if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead / kStreams);
+      scan16<kEf>(g, r, i, bound, lists[s]);
     }
   }
   // The tail after the last chunk belongs to the last list (its indices are the largest).
