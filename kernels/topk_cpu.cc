@@ -157,6 +157,19 @@ struct CandidateList {
   }
 };
 
+// Lists the elements i..i+count (count <= 32) of v whose key reaches
+// `bound`, where v = g, or with EF v = g + r, stored back to r.
+template <bool kEf>
+void scan_tail(const float* g, float* r, std::size_t i, std::size_t count, std::uint32_t bound, CandidateList& list) {
+  std::uint32_t mask = 0;
+  for (std::size_t b = 0; b < count; ++b) {
+    const float v = kEf ? g[i + b] + r[i + b] : g[i + b];
+    if constexpr (kEf) r[i + b] = v;
+    mask |= static_cast<std::uint32_t>(topk_key(v) >= bound) << b;
+  }
+  list.push(mask, i, kEf ? r : g);
+}
+
 // Lists the elements i..i+16 (one cache line) of v whose key reaches
 // `bound`, where v = g, or with EF v = g + r, stored back to r.
 template <bool kEf>
@@ -186,13 +199,7 @@ void scan16(const float* g, float* r, std::size_t i, std::uint32_t bound, Candid
     list.push(m, i, kEf ? r : g);
   }
 #else
-  std::uint32_t mask = 0;
-  for (int b = 0; b < 16; ++b) {
-    const float v = kEf ? g[i + b] + r[i + b] : g[i + b];
-    if constexpr (kEf) r[i + b] = v;
-    mask |= static_cast<std::uint32_t>(topk_key(v) >= bound) << b;
-  }
-  list.push(mask, i, kEf ? r : g);
+  scan_tail<kEf>(g, r, i, 16, bound, list);
 #endif
 }
 
@@ -201,20 +208,13 @@ void scan16(const float* g, float* r, std::size_t i, std::uint32_t bound, Candid
 template <bool kEf>
 void scan_candidates(const float* g, float* r, std::size_t begin, std::size_t end, std::uint32_t bound,
                      CandidateList& list) {
-  const float* values = kEf ? r : g;
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
     __builtin_prefetch(g + i + kPrefetchAhead);
     if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead);
     scan16<kEf>(g, r, i, bound, list);
   }
-  std::uint32_t mask = 0;
-  for (int b = 0; i + b < end; ++b) {
-    const float v = kEf ? g[i + b] + r[i + b] : g[i + b];
-    if constexpr (kEf) r[i + b] = v;
-    mask |= static_cast<std::uint32_t>(topk_key(v) >= bound) << b;
-  }
-  list.push(mask, i, values);
+  scan_tail<kEf>(g, r, i, end - i, bound, list);
 }
 
 // One pass: applies EF (r = g + r) and lists the elements with key >= bound
