@@ -20,6 +20,16 @@
 
 namespace gz::test {
 
+/// An error message without its "[file:line] " prefix and the device marker,
+/// so GPU and CPU messages compare equal.
+inline std::string bare(const std::string& what) {
+  std::string s = what;
+  if (const auto p = s.find("] "); s.rfind('[', 0) == 0 && p != std::string::npos) s = s.substr(p + 2);
+  const std::string marker = "(checked on the device) ";
+  if (s.rfind(marker, 0) == 0) s = s.substr(marker.size());
+  return s;
+}
+
 /// Why GPU tests cannot run here ("" when a device is present).
 inline std::string no_device_reason() {
   int count = 0;

@@ -12,16 +12,8 @@
 namespace gz {
 namespace {
 
+using test::bare;
 using test::DeviceBuffer;
-
-// A message without its "[file:line] " prefix and the device marker.
-std::string bare(const std::string& what) {
-  std::string s = what;
-  if (const auto p = s.find("] "); s.rfind('[', 0) == 0 && p != std::string::npos) s = s.substr(p + 2);
-  const std::string marker = "(checked on the device) ";
-  if (s.rfind(marker, 0) == 0) s = s.substr(marker.size());
-  return s;
-}
 
 struct Mutation {
   const char* name;

@@ -15,13 +15,7 @@
 namespace gz {
 namespace {
 
-std::string bare(const std::string& what) {
-  std::string s = what;
-  if (const auto p = s.find("] "); s.rfind('[', 0) == 0 && p != std::string::npos) s = s.substr(p + 2);
-  const std::string marker = "(checked on the device) ";
-  if (s.rfind(marker, 0) == 0) s = s.substr(marker.size());
-  return s;
-}
+using test::bare;
 
 TEST(PayloadHeaderCheck, AgreesWithTheCpuChecks) {
   std::mt19937_64 rng(test::test_seed());

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gradzip
+from cuda_util import skip_unless_cuda_codecs
 
 SPECS = ["none", "fp16", "bf16", "onebit", "onebit:block=64", "onebit:ef=off", "topk:density=0.01",
          "topk:k=7,ef=off", "topk:density=0.05,select=sample"]
@@ -280,14 +281,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"
 
 @pytest.fixture(scope="module")
 def cuda_codecs():
-    if not gradzip.BUILD["cuda"]:
-        pytest.skip("this gradzip build has no CUDA support")
-    try:
-        gradzip.Codec("onebit:ef=off").encode(torch.zeros(8, device="cuda"))
-    except gradzip.InvalidArgument as e:
-        if "no CUDA support" in str(e):
-            pytest.skip("this build's codecs have no CUDA path")
-        raise
+    skip_unless_cuda_codecs()
 
 
 @cuda
