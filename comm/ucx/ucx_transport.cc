@@ -124,6 +124,11 @@ struct UcxTransport::Impl {
   }
 
   void exchange(std::span<const HostSend> sends, std::span<const HostRecv> recvs, Coll coll, Timeout timeout);
+  // Host buffers: send_to(r) goes to, and recv[r] comes from, every other
+  // rank r; this rank's own slot is copied locally.
+  template <class SendTo>
+  void exchange_with_all(SendTo send_to, std::span<const Slice> recv, std::span<std::size_t> received, Coll coll,
+                         Timeout timeout);
   void wait_all(Coll coll, Clock::time_point deadline, Timeout timeout);
   [[noreturn]] void fail(const std::string& what);
   void close_endpoints(bool force);
@@ -309,6 +314,26 @@ void UcxTransport::Impl::wait_all(Coll coll, Clock::time_point deadline, Timeout
   }
 }
 
+template <class SendTo>
+void UcxTransport::Impl::exchange_with_all(SendTo send_to, std::span<const Slice> recv,
+                                           std::span<std::size_t> received, Coll coll, Timeout timeout) {
+  const auto P = static_cast<std::size_t>(size), me = static_cast<std::size_t>(rank);
+  std::vector<HostSend> sends;
+  std::vector<HostRecv> recvs;
+  sends.reserve(P);
+  recvs.reserve(P);
+  for (std::size_t r = 0; r < P; ++r) {
+    if (r == me) continue;
+    const ConstSlice out = send_to(r);
+    sends.push_back({static_cast<int>(r), out.data, out.bytes});
+    recvs.push_back({static_cast<int>(r), recv[r].data, recv[r].bytes, &received[r]});
+  }
+  const ConstSlice own = send_to(me);
+  if (recv[me].data != own.data && own.bytes) std::memmove(recv[me].data, own.data, own.bytes);
+  received[me] = own.bytes;
+  exchange(sends, recvs, coll, timeout);
+}
+
 void UcxTransport::Impl::exchange(std::span<const HostSend> sends, std::span<const HostRecv> recvs, Coll coll,
                                   Timeout timeout) {
   if (broken) GZ_THROW(IoError, "ucx rank ", rank, ": transport is broken by an earlier failure; rebuild it");
@@ -399,18 +424,7 @@ void UcxTransport::allgatherv(ConstSlice send, std::span<const Slice> recv, std:
   GZ_ENFORCE_LE(send.bytes, recv[me].bytes, "allgatherv: this rank's buffer is larger than its slot");
 
   if (ctx.device == Device::Cpu) {
-    std::vector<HostSend> sends;
-    std::vector<HostRecv> recvs;
-    sends.reserve(P);
-    recvs.reserve(P);
-    for (std::size_t r = 0; r < P; ++r) {
-      if (r == me) continue;
-      sends.push_back({static_cast<int>(r), send.data, send.bytes});
-      recvs.push_back({static_cast<int>(r), recv[r].data, recv[r].bytes, &received[r]});
-    }
-    if (recv[me].data != send.data && send.bytes) std::memmove(recv[me].data, send.data, send.bytes);
-    received[me] = send.bytes;
-    impl_->exchange(sends, recvs, Coll::Allgather, ctx.timeout);
+    impl_->exchange_with_all([&](std::size_t) { return send; }, recv, received, Coll::Allgather, ctx.timeout);
     return;
   }
 #if GZ_HAVE_CUDA
@@ -443,18 +457,7 @@ void UcxTransport::alltoallv(std::span<const ConstSlice> send, std::span<const S
   GZ_ENFORCE_LE(send[me].bytes, recv[me].bytes, "alltoallv: this rank's own buffer is larger than its slot");
 
   if (ctx.device == Device::Cpu) {
-    std::vector<HostSend> sends;
-    std::vector<HostRecv> recvs;
-    sends.reserve(P);
-    recvs.reserve(P);
-    for (std::size_t r = 0; r < P; ++r) {
-      if (r == me) continue;
-      sends.push_back({static_cast<int>(r), send[r].data, send[r].bytes});
-      recvs.push_back({static_cast<int>(r), recv[r].data, recv[r].bytes, &received[r]});
-    }
-    if (recv[me].data != send[me].data && send[me].bytes) std::memmove(recv[me].data, send[me].data, send[me].bytes);
-    received[me] = send[me].bytes;
-    impl_->exchange(sends, recvs, Coll::Alltoall, ctx.timeout);
+    impl_->exchange_with_all([&](std::size_t r) { return send[r]; }, recv, received, Coll::Alltoall, ctx.timeout);
     return;
   }
 #if GZ_HAVE_CUDA
