@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/store.h"
+#include "comm/store/store.h"
 
 namespace gz {
 

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "comm/memory.h"
-#include "comm/store.h"
+#include "comm/store/store.h"
 #include "comm/transport.h"
 #include "compressors/codec.h"
 

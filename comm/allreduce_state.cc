@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "comm/allreduce.h"
+#include "common/bytes.h"
 #include "common/error.h"
 #include "common/workspace.h"
 
@@ -18,39 +19,19 @@ constexpr std::uint32_t kStateMagic = 0x46455A47u;  // "GZEF"
 constexpr std::uint32_t kStateVersion = 1;
 constexpr std::size_t kMaxSpec = 256;
 
+// A truncated field throws, naming it.
 template <class T>
-void put(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+T read(bytes::Reader& in, const char* what) {
+  const T v = in.get<T>(what);
+  if (!in.ok()) GZ_THROW(InvalidArgument, "saved allreduce state is ", in.failure());
+  return v;
 }
 
-class In {
- public:
-  explicit In(std::string_view s) : s_(s) {}
-  template <class T>
-  T get(const char* what) {
-    T v{};
-    need(sizeof v, what);
-    std::memcpy(&v, s_.data() + pos_, sizeof v);
-    pos_ += sizeof v;
-    return v;
-  }
-  std::string_view bytes(std::size_t n, const char* what) {
-    need(n, what);
-    const auto v = s_.substr(pos_, n);
-    pos_ += n;
-    return v;
-  }
-  std::size_t left() const { return s_.size() - pos_; }
-
- private:
-  void need(std::size_t n, const char* what) {
-    if (n > s_.size() - pos_)
-      GZ_THROW(InvalidArgument, "saved allreduce state is truncated (reading ", what, " at byte ", pos_, " of ",
-               s_.size(), ")");
-  }
-  std::string_view s_;
-  std::size_t pos_ = 0;
-};
+std::string_view read_bytes(bytes::Reader& in, std::size_t n, const char* what) {
+  const std::string_view v = in.raw(n, what);
+  if (!in.ok()) GZ_THROW(InvalidArgument, "saved allreduce state is ", in.failure());
+  return v;
+}
 
 std::string describe(const AllreduceState::Layout& l) {
   return "codec=" + l.codec + " n=" + std::to_string(l.n) + " rank=" + std::to_string(l.rank) + "/" +
@@ -65,51 +46,50 @@ std::string AllreduceState::save() const {
   GZ_ENFORCE(layout_.has_value(), "this allreduce state was never used or restored; nothing to save");
   const Layout& l = *layout_;
   std::string s;
-  put(s, kStateMagic);
-  put(s, kStateVersion);
-  put(s, static_cast<std::uint32_t>(l.codec.size()));
-  s += l.codec;
-  put(s, l.n);
-  put(s, l.rank);
-  put(s, l.world);
-  put(s, static_cast<std::uint8_t>(l.algorithm));
-  put(s, l.worker_count);
-  put(s, l.server_count);
+  bytes::Writer w(s);
+  w.put(kStateMagic);
+  w.put(kStateVersion);
+  w.str(l.codec);
+  w.put(l.n);
+  w.put(l.rank);
+  w.put(l.world);
+  w.put(static_cast<std::uint8_t>(l.algorithm));
+  w.put(l.worker_count);
+  w.put(l.server_count);
   const std::size_t head = s.size();
   s.resize(head + 4 * (l.worker_count + l.server_count));
-  char* w = s.data() + head;
-  char* v = w + 4 * l.worker_count;
+  char* worker = s.data() + head;
+  char* server = worker + 4 * l.worker_count;
   if (pending_) {
-    std::memcpy(w, pending_worker_.data(), 4 * l.worker_count);
-    std::memcpy(v, pending_server_.data(), 4 * l.server_count);
+    std::memcpy(worker, pending_worker_.data(), 4 * l.worker_count);
+    std::memcpy(server, pending_server_.data(), 4 * l.server_count);
   } else {
-    mem::to_host(w, worker_.data(), 4 * l.worker_count, device_, nullptr);
-    mem::to_host(v, server_.data(), 4 * l.server_count, device_, nullptr);
+    mem::to_host(worker, worker_.data(), 4 * l.worker_count, device_, nullptr);
+    mem::to_host(server, server_.data(), 4 * l.server_count, device_, nullptr);
   }
   return s;
 }
 
-void AllreduceState::restore(std::string_view bytes) {
-  In in(bytes);
-  if (in.get<std::uint32_t>("magic") != kStateMagic)
+void AllreduceState::restore(std::string_view saved) {
+  bytes::Reader in(saved);
+  if (read<std::uint32_t>(in, "magic") != kStateMagic)
     GZ_THROW(InvalidArgument, "not a saved allreduce state (bad magic)");
-  const auto version = in.get<std::uint32_t>("version");
+  const auto version = read<std::uint32_t>(in, "version");
   if (version != kStateVersion)
     GZ_THROW(InvalidArgument, "saved allreduce state has version ", version, "; this build reads ", kStateVersion);
   Layout l;
-  const auto spec_bytes = in.get<std::uint32_t>("spec length");
-  if (spec_bytes > kMaxSpec) GZ_THROW(InvalidArgument, "saved allreduce state: codec spec too long");
-  l.codec = std::string(in.bytes(spec_bytes, "codec spec"));
+  l.codec = std::string(in.str(kMaxSpec, "codec spec"));
+  if (!in.ok()) GZ_THROW(InvalidArgument, "saved allreduce state is ", in.failure());
   const CodecConfig cfg = parse_spec(l.codec);  // throws InvalidArgument for an unknown codec
-  l.n = in.get<std::uint64_t>("n");
-  l.rank = in.get<std::uint32_t>("rank");
-  l.world = in.get<std::uint32_t>("world size");
-  const auto algo = in.get<std::uint8_t>("algorithm");
+  l.n = read<std::uint64_t>(in, "n");
+  l.rank = read<std::uint32_t>(in, "rank");
+  l.world = read<std::uint32_t>(in, "world size");
+  const auto algo = read<std::uint8_t>(in, "algorithm");
   if (algo != static_cast<std::uint8_t>(Algorithm::Allgather) && algo != static_cast<std::uint8_t>(Algorithm::ScatterReduce))
     GZ_THROW(InvalidArgument, "saved allreduce state: unknown algorithm ", int{algo});
   l.algorithm = static_cast<Algorithm>(algo);
-  l.worker_count = in.get<std::uint64_t>("worker count");
-  l.server_count = in.get<std::uint64_t>("server count");
+  l.worker_count = read<std::uint64_t>(in, "worker count");
+  l.server_count = read<std::uint64_t>(in, "server count");
   if (l.world == 0 || l.rank >= l.world) GZ_THROW(InvalidArgument, "saved allreduce state: bad rank/world");
   const std::uint64_t want_worker = cfg.ef ? l.n : 0;
   const std::uint64_t want_server =
@@ -124,8 +104,8 @@ void AllreduceState::restore(std::string_view bytes) {
              describe(*layout_));
   pending_worker_.resize(l.worker_count);
   pending_server_.resize(l.server_count);
-  std::memcpy(pending_worker_.data(), in.bytes(4 * l.worker_count, "worker residual").data(), 4 * l.worker_count);
-  std::memcpy(pending_server_.data(), in.bytes(4 * l.server_count, "server residual").data(), 4 * l.server_count);
+  std::memcpy(pending_worker_.data(), read_bytes(in, 4 * l.worker_count, "worker residual").data(), 4 * l.worker_count);
+  std::memcpy(pending_server_.data(), read_bytes(in, 4 * l.server_count, "server residual").data(), 4 * l.server_count);
   pending_ = true;
   layout_ = std::move(l);
   agreed_.reset();  // a restore is a new start: agree again

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "comm/prefix_store.h"
-#include "comm/tcp_store.h"
+#include "comm/store/prefix_store.h"
+#include "comm/store/tcp_store.h"
 #include "common/error.h"
 #if GZ_HAVE_UCX
 #include "comm/ucx/ucx_transport.h"

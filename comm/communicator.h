@@ -19,7 +19,7 @@
 #include <string_view>
 
 #include "comm/allreduce.h"
-#include "comm/store.h"
+#include "comm/store/store.h"
 #include "comm/transport.h"
 
 namespace gz {

@@ -13,7 +13,7 @@
 
 #include <memory>
 
-#include "comm/store.h"
+#include "comm/store/store.h"
 #include "comm/transport.h"
 
 typedef struct ncclComm* ncclComm_t;

@@ -32,7 +32,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/store.h"
+#include "comm/store/store.h"
 #include "comm/transport.h"
 
 namespace gz {

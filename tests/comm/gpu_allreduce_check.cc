@@ -19,8 +19,8 @@
 
 #include "comm/communicator.h"
 #include "comm/env.h"
-#include "comm/prefix_store.h"
-#include "comm/tcp_store.h"
+#include "comm/store/prefix_store.h"
+#include "comm/store/tcp_store.h"
 #include "common/cuda_check.h"
 #include "kernels/cuda.h"
 #if GZ_HAVE_NCCL

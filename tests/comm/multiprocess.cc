@@ -11,7 +11,7 @@
 #include <exception>
 #include <sstream>
 
-#include "comm/socket.h"
+#include "comm/store/socket.h"
 #include "common/error.h"
 
 namespace gz::test {

@@ -8,11 +8,11 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/hash_store.h"
-#include "comm/prefix_store.h"
-#include "comm/socket.h"
-#include "comm/store_protocol.h"
-#include "comm/tcp_store.h"
+#include "comm/store/hash_store.h"
+#include "comm/store/prefix_store.h"
+#include "comm/store/socket.h"
+#include "comm/store/store_protocol.h"
+#include "comm/store/tcp_store.h"
 #include "common/error.h"
 
 namespace gz {
@@ -112,22 +112,25 @@ TEST(TcpStoreServer, DisconnectsGarbageAndOversizedFramesAndKeepsServing) {
   good.set("before", "1");
 
   std::string huge;  // a valid magic, then a length far over the limit
-  store_proto::put_u32(huge, store_proto::kMagic);
-  store_proto::put_u32(huge, 0xFFFFFFF0u);
+  bytes::Writer huge_w(huge);
+  huge_w.put(store_proto::kMagic);
+  huge_w.put<std::uint32_t>(0xFFFFFFF0u);
   EXPECT_TRUE(server_closes_after(server.port(), huge));
   EXPECT_TRUE(server_closes_after(server.port(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
   std::string bad_op;  // well framed, unknown op
-  store_proto::put_u8(bad_op, 99);
+  bytes::Writer(bad_op).put<std::uint8_t>(99);
   EXPECT_TRUE(server_closes_after(server.port(), store_proto::frame(bad_op)));
   std::string lying_key;  // a key length past the end of the frame
-  store_proto::put_u8(lying_key, static_cast<std::uint8_t>(store_proto::Op::Set));
-  store_proto::put_u32(lying_key, 1000000);
+  bytes::Writer lying_key_w(lying_key);
+  lying_key_w.put(static_cast<std::uint8_t>(store_proto::Op::Set));
+  lying_key_w.put<std::uint32_t>(1000000);
   lying_key += "abc";
   EXPECT_TRUE(server_closes_after(server.port(), store_proto::frame(lying_key)));
   std::string many_keys;  // a wait on more keys than allowed
-  store_proto::put_u8(many_keys, static_cast<std::uint8_t>(store_proto::Op::Wait));
-  store_proto::put_u32(many_keys, 10);
-  store_proto::put_u32(many_keys, 1u << 30);
+  bytes::Writer many_keys_w(many_keys);
+  many_keys_w.put(static_cast<std::uint8_t>(store_proto::Op::Wait));
+  many_keys_w.put<std::uint32_t>(10);
+  many_keys_w.put<std::uint32_t>(1u << 30);
   EXPECT_TRUE(server_closes_after(server.port(), store_proto::frame(many_keys)));
   EXPECT_EQ(server.rejected(), 5u);
 

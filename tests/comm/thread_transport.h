@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/hash_store.h"
+#include "comm/store/hash_store.h"
 #include "comm/transport.h"
 #include "common/error.h"
 

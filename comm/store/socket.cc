@@ -1,4 +1,4 @@
-#include "comm/socket.h"
+#include "comm/store/socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>

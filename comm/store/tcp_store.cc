@@ -1,7 +1,7 @@
 // TcpStore, the client half: one connection, one request at a time.
-#include "comm/tcp_store.h"
+#include "comm/store/tcp_store.h"
 
-#include "comm/store_protocol.h"
+#include "comm/store/store_protocol.h"
 #include "common/error.h"
 
 namespace gz {
@@ -48,8 +48,8 @@ std::string TcpStore::request(const std::string& body, net::Deadline deadline) {
     net::write_all(conn_.get(), f.data(), f.size(), deadline);
     char hdr[sp::kFrameHeader];
     net::read_exact(conn_.get(), hdr, sizeof hdr, deadline);
-    sp::Reader r(std::string_view(hdr, sizeof hdr));
-    const std::uint32_t magic = r.u32(), len = r.u32();
+    bytes::Reader r(std::string_view(hdr, sizeof hdr));
+    const std::uint32_t magic = r.get<std::uint32_t>(), len = r.get<std::uint32_t>();
     if (magic != sp::kMagic || len == 0 || len > sp::kMaxFrameBody)
       GZ_THROW(IoError, "store at ", host_, ":", port_, " sent a malformed reply (magic ", magic, ", ", len,
                " bytes)");
@@ -67,9 +67,10 @@ void TcpStore::do_set(const std::string& key, std::string_view value) {
   GZ_ENFORCE(value.size() <= sp::kMaxValue, "store values are at most ", sp::kMaxValue, " bytes, got ",
              value.size());
   std::string body;
-  sp::put_u8(body, static_cast<std::uint8_t>(sp::Op::Set));
-  sp::put_str(body, key);
-  sp::put_str(body, value);
+  bytes::Writer w(body);
+  w.put(static_cast<std::uint8_t>(sp::Op::Set));
+  w.str(key);
+  w.str(value);
   const std::string reply = request(body, net::Clock::now() + timeout());
   if (static_cast<sp::Status>(reply[0]) != sp::Status::Ok)
     GZ_THROW(IoError, "store rejected set('", key, "'): ", reply.substr(1));
@@ -78,8 +79,9 @@ void TcpStore::do_set(const std::string& key, std::string_view value) {
 std::string TcpStore::do_get(const std::string& key) {
   check_key(key);
   std::string body;
-  sp::put_u8(body, static_cast<std::uint8_t>(sp::Op::Get));
-  sp::put_str(body, key);
+  bytes::Writer w(body);
+  w.put(static_cast<std::uint8_t>(sp::Op::Get));
+  w.str(key);
   const std::string reply = request(body, net::Clock::now() + timeout());
   if (static_cast<sp::Status>(reply[0]) != sp::Status::Ok)
     GZ_THROW(IoError, "store get('", key, "') failed: ", reply.substr(1));
@@ -91,20 +93,21 @@ void TcpStore::do_wait(const std::vector<std::string>& keys, Timeout timeout) {
   if (keys.empty()) return;
   const auto ms = std::min<Timeout::rep>(timeout.count(), 0x7FFFFFFF);
   std::string body;
-  sp::put_u8(body, static_cast<std::uint8_t>(sp::Op::Wait));
-  sp::put_u32(body, static_cast<std::uint32_t>(ms < 0 ? 0 : ms));
-  sp::put_u32(body, static_cast<std::uint32_t>(keys.size()));
+  bytes::Writer w(body);
+  w.put(static_cast<std::uint8_t>(sp::Op::Wait));
+  w.put(static_cast<std::uint32_t>(ms < 0 ? 0 : ms));
+  w.put(static_cast<std::uint32_t>(keys.size()));
   for (const auto& k : keys) {
     check_key(k);
-    sp::put_str(body, k);
+    w.str(k);
   }
   const std::string reply = request(body, net::Clock::now() + timeout + kReplySlack);
   const auto status = static_cast<sp::Status>(reply[0]);
   if (status == sp::Status::Ok) return;
   if (status == sp::Status::Timeout) {
-    sp::Reader r(std::string_view(reply).substr(1));
+    bytes::Reader r(std::string_view(reply).substr(1));
     std::vector<std::string> missing;
-    const std::uint32_t count = r.u32();
+    const std::uint32_t count = r.get<std::uint32_t>();
     for (std::uint32_t i = 0; i < count && r.ok() && i < sp::kMaxWaitKeys; ++i) missing.emplace_back(r.str(sp::kMaxKey));
     GZ_THROW(IoError, "store: timed out after ", timeout.count(), " ms waiting for keys: ", join_keys(missing));
   }
@@ -114,14 +117,15 @@ void TcpStore::do_wait(const std::vector<std::string>& keys, Timeout timeout) {
 std::int64_t TcpStore::do_add(const std::string& key, std::int64_t delta) {
   check_key(key);
   std::string body;
-  sp::put_u8(body, static_cast<std::uint8_t>(sp::Op::Add));
-  sp::put_str(body, key);
-  sp::put_i64(body, delta);
+  bytes::Writer w(body);
+  w.put(static_cast<std::uint8_t>(sp::Op::Add));
+  w.str(key);
+  w.put(delta);
   const std::string reply = request(body, net::Clock::now() + timeout());
   if (static_cast<sp::Status>(reply[0]) != sp::Status::Ok)
     GZ_THROW(IoError, "store add('", key, "') failed: ", reply.substr(1));
-  sp::Reader r(std::string_view(reply).substr(1));
-  const std::int64_t v = r.i64();
+  bytes::Reader r(std::string_view(reply).substr(1));
+  const std::int64_t v = r.get<std::int64_t>();
   if (!r.ok()) GZ_THROW(IoError, "store sent a malformed add reply");
   return v;
 }

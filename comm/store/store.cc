@@ -1,4 +1,4 @@
-#include "comm/store.h"
+#include "comm/store/store.h"
 
 namespace gz {
 

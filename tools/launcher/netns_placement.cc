@@ -1,4 +1,4 @@
-#include "bench/launcher/netns_placement.h"
+#include "tools/launcher/netns_placement.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

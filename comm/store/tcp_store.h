@@ -12,8 +12,8 @@
 #include <memory>
 #include <mutex>
 
-#include "comm/socket.h"
-#include "comm/store.h"
+#include "comm/store/socket.h"
+#include "comm/store/store.h"
 
 namespace gz {
 

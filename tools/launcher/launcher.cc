@@ -1,4 +1,4 @@
-#include "bench/launcher/launcher.h"
+#include "tools/launcher/launcher.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>

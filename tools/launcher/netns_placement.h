@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "bench/launcher/launcher.h"
+#include "tools/launcher/launcher.h"
 
 namespace gz::launcher {
 

@@ -21,8 +21,8 @@
 #include <map>
 #include <thread>
 
-#include "comm/store_protocol.h"
-#include "comm/tcp_store.h"
+#include "comm/store/store_protocol.h"
+#include "comm/store/tcp_store.h"
 #include "common/error.h"
 
 namespace gz {
@@ -70,7 +70,7 @@ struct TcpStoreServer::Impl {
   }
   void reply(Conn& c, sp::Status status, std::string_view payload = {}) {
     std::string body;
-    sp::put_u8(body, static_cast<std::uint8_t>(status));
+    bytes::Writer(body).put(static_cast<std::uint8_t>(status));
     body.append(payload);
     c.out += sp::frame(body);
     if (c.out.size() > kMaxUnsentReply) {
@@ -143,8 +143,9 @@ void TcpStoreServer::Impl::run() {
       if (c.dead || !c.waiting || c.wait_deadline > t) continue;
       const auto m = missing(c.wait_keys);
       std::string payload;
-      sp::put_u32(payload, static_cast<std::uint32_t>(m.size()));
-      for (const auto& k : m) sp::put_str(payload, k);
+      bytes::Writer w(payload);
+      w.put(static_cast<std::uint32_t>(m.size()));
+      for (const auto& k : m) w.str(k);
       c.waiting = false;
       c.wait_keys.clear();
       reply(c, sp::Status::Timeout, payload);
@@ -205,8 +206,8 @@ void TcpStoreServer::Impl::flush(Conn& c) {
 
 void TcpStoreServer::Impl::process(Conn& c) {
   while (!c.dead && !c.waiting && c.in.size() >= sp::kFrameHeader) {
-    sp::Reader r(std::string_view(c.in).substr(0, sp::kFrameHeader));
-    const std::uint32_t magic = r.u32(), len = r.u32();
+    bytes::Reader r(std::string_view(c.in).substr(0, sp::kFrameHeader));
+    const std::uint32_t magic = r.get<std::uint32_t>(), len = r.get<std::uint32_t>();
     if (magic != sp::kMagic || len == 0 || len > sp::kMaxFrameBody) {
       reject(c);
       return;
@@ -219,8 +220,8 @@ void TcpStoreServer::Impl::process(Conn& c) {
 }
 
 void TcpStoreServer::Impl::handle(Conn& c, std::string_view body) {
-  sp::Reader r(body);
-  const auto op = static_cast<sp::Op>(r.u8());
+  bytes::Reader r(body);
+  const auto op = static_cast<sp::Op>(r.get<std::uint8_t>());
   switch (op) {
     case sp::Op::Set: {
       const std::string_view key = r.str(sp::kMaxKey), value = r.str(sp::kMaxValue);
@@ -245,7 +246,7 @@ void TcpStoreServer::Impl::handle(Conn& c, std::string_view body) {
       return reply(c, sp::Status::Ok, it->second);
     }
     case sp::Op::Wait: {
-      const std::uint32_t ms = r.u32(), count = r.u32();
+      const std::uint32_t ms = r.get<std::uint32_t>(), count = r.get<std::uint32_t>();
       if (!r.ok() || count == 0 || count > sp::kMaxWaitKeys) return reject(c);
       std::vector<std::string> keys;
       keys.reserve(count);
@@ -263,7 +264,7 @@ void TcpStoreServer::Impl::handle(Conn& c, std::string_view body) {
     }
     case sp::Op::Add: {
       const std::string_view key = r.str(sp::kMaxKey);
-      const std::int64_t delta = r.i64();
+      const std::int64_t delta = r.get<std::int64_t>();
       if (!r.ok() || !r.at_end() || key.empty()) return reject(c);
       auto it = data.find(key);
       std::int64_t v = 0;
@@ -282,7 +283,7 @@ void TcpStoreServer::Impl::handle(Conn& c, std::string_view body) {
       it->second = std::to_string(v);
       stored_bytes += it->second.size();
       std::string payload;
-      sp::put_i64(payload, v);
+      bytes::Writer(payload).put(v);
       reply(c, sp::Status::Ok, payload);
       wake_waiters();
       return;

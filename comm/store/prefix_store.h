@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "comm/store.h"
+#include "comm/store/store.h"
 
 namespace gz {
 

@@ -1,4 +1,4 @@
-#include "comm/hash_store.h"
+#include "comm/store/hash_store.h"
 
 #include <charconv>
 

@@ -5,8 +5,8 @@
 #include <exception>
 #include <string>
 
-#include "bench/launcher/launcher.h"
-#include "bench/launcher/netns_placement.h"
+#include "tools/launcher/launcher.h"
+#include "tools/launcher/netns_placement.h"
 
 namespace {
 
