@@ -17,19 +17,17 @@
 #include <bit>
 #include <cmath>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "common/workspace.h"
 #include "kernels/cpu.h"
 #include "kernels/error_feedback.h"
+#include "kernels/topk_lines_cpu.h"
 
 namespace gz::kernels::cpu {
 namespace {
 
 constexpr std::size_t kSample = kTopkSample;  // sampling policy: kernels/topk.h, shared with the CUDA twin
 constexpr std::size_t kPrefetchAhead = 1024;  // elements
+constexpr std::size_t kLine = topk_line::kWidth;  // 16 floats: one cache line
 
 std::size_t candidate_capacity(std::size_t n, std::size_t k) { return topk_candidate_capacity(n, k); }
 
@@ -121,22 +119,28 @@ struct EmitCursor {
 };
 
 // Writes, in order, every element (index_at(j), value_at(j)), j in
-// [begin, end), above the threshold plus the first e.ties equal to it;
-// zeroes their residual.
-template <bool kEf, class IndexAt, class ValueAt>
-void emit_range(IndexAt index_at, ValueAt value_at, std::size_t begin, std::size_t end, float* r,
-                std::uint32_t threshold, EmitCursor& e, std::uint32_t* idx, float* val) {
+// [begin, end), above the threshold plus the first e.ties equal to it.
+template <class IndexAt, class ValueAt>
+void emit_range(IndexAt index_at, ValueAt value_at, std::size_t begin, std::size_t end, std::uint32_t threshold,
+                EmitCursor& e, std::uint32_t* idx, float* val) {
   for (std::size_t j = begin; j < end; ++j) {
     const float v = value_at(j);
     const std::uint32_t key = topk_key(v);
     if (key < threshold || (key == threshold && e.ties == 0)) continue;
     if (key == threshold) --e.ties;
-    const std::size_t i = index_at(j);
-    idx[e.out] = static_cast<std::uint32_t>(i);
+    idx[e.out] = static_cast<std::uint32_t>(index_at(j));
     val[e.out] = v;
-    if constexpr (kEf) r[i] = ef_residual(v, v);
     ++e.out;
   }
+}
+
+// Error feedback for the `count` entries sent: their residual becomes
+// ef_residual(v, v) (+0 for every v, inf and NaN included). Returns count.
+template <bool kEf>
+std::size_t sent(float* r, const std::uint32_t* idx, const float* val, std::size_t count) {
+  if constexpr (kEf)
+    for (std::size_t j = 0; j < count; ++j) r[idx[j]] = ef_residual(val[j], val[j]);
+  return count;
 }
 
 // emit_range over all `count`; returns the count written.
@@ -144,42 +148,37 @@ template <bool kEf, class IndexAt, class ValueAt>
 std::size_t emit(IndexAt index_at, ValueAt value_at, std::size_t count, float* r, TopkThreshold t,
                  std::uint32_t* idx, float* val) {
   EmitCursor e{0, t.ties};
-  emit_range<kEf>(index_at, value_at, 0, count, r, t.threshold, e, idx, val);
-  return e.out;
+  emit_range(index_at, value_at, 0, count, t.threshold, e, idx, val);
+  return sent<kEf>(r, idx, val, e.out);
 }
 
-// emit over the candidate arrays. With AVX-512, a block of 16 with no key
-// equal to the threshold (nearly all) is one compare and two
-// compress-stores; the scalar loop's unpredictable branch cost ~3 ns per
-// candidate.
+// emit over the candidate arrays, which writes exactly `room` entries. A
+// line with no key equal to the threshold (nearly all) is one compare and
+// a compress (kernels/topk_lines_cpu.h); the scalar loop's unpredictable
+// branch cost ~3 ns per candidate. Lines holding a tie, and the last lines,
+// where a full-width store would pass the end of idx/val, go in order, one
+// by one.
 template <bool kEf>
-std::size_t emit_candidates(const Workspace& ws, std::size_t count, float* r, TopkThreshold t, std::uint32_t* idx,
-                            float* val) {
-  auto index_at = [&](std::size_t j) { return static_cast<std::size_t>(ws.cand_idx[j]); };
+std::size_t emit_candidates(const Workspace& ws, std::size_t count, float* r, TopkThreshold t, std::size_t room,
+                            std::uint32_t* idx, float* val) {
+  namespace line = topk_line;
+  auto index_at = [&](std::size_t j) { return ws.cand_idx[j]; };
   auto value_at = [&](std::size_t j) { return ws.cand_val[j]; };
   EmitCursor e{0, t.ties};
   std::size_t j = 0;
-#if defined(__AVX512F__)
-  const __m512i threshold = _mm512_set1_epi32(static_cast<int>(t.threshold));
-  for (; j + 16 <= count; j += 16) {
-    const __m512 v = _mm512_loadu_ps(ws.cand_val + j);
-    const __m512i key = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));  // topk_key
-    if (_mm512_cmpeq_epu32_mask(key, threshold) != 0) {  // ties: in order, one by one
-      emit_range<kEf>(index_at, value_at, j, j + 16, r, t.threshold, e, idx, val);
+  for (; j + line::kWidth <= count; j += line::kWidth) {
+    const line::Values v = line::load(ws.cand_val + j);
+    const line::Words key = line::keys(v);
+    if (line::mask_eq(key, t.threshold) != 0 || e.out + line::kWidth > room) {
+      emit_range(index_at, value_at, j, j + line::kWidth, t.threshold, e, idx, val);
       continue;
     }
-    const __mmask16 sent = _mm512_cmpgt_epu32_mask(key, threshold);
-    const __m512i index = _mm512_loadu_si512(ws.cand_idx + j);
-    _mm512_mask_compressstoreu_epi32(idx + e.out, sent, index);
-    _mm512_mask_compressstoreu_ps(val + e.out, sent, v);
-    if constexpr (kEf) {  // ef_residual(v, v) is +0 for every v, inf and NaN included
-      _mm512_mask_i32scatter_ps(r, sent, index, _mm512_setzero_ps(), 4);
-    }
-    e.out += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(sent)));
+    const std::uint32_t above = line::mask_gt(key, t.threshold);
+    line::compress_store(above, line::load(ws.cand_idx + j), v, idx + e.out, val + e.out);
+    e.out += line::popcount(above);
   }
-#endif
-  emit_range<kEf>(index_at, value_at, j, count, r, t.threshold, e, idx, val);
-  return e.out;
+  emit_range(index_at, value_at, j, count, t.threshold, e, idx, val);
+  return sent<kEf>(r, idx, val, e.out);
 }
 
 // Appends (index, value) pairs to a bounded list; counts past its end.
@@ -203,7 +202,7 @@ struct CandidateList {
   }
 };
 
-// Lists the elements i..i+count (count <= 32) of v whose key reaches
+// Lists the elements i..i+count (count < kLine) of v whose key reaches
 // `bound`, where v = g, or with EF v = g + r, stored back to r.
 template <bool kEf>
 void scan_tail(const float* g, float* r, std::size_t i, std::size_t count, std::uint32_t bound, CandidateList& list) {
@@ -216,37 +215,27 @@ void scan_tail(const float* g, float* r, std::size_t i, std::size_t count, std::
   list.push(mask, i, kEf ? r : g);
 }
 
-// Lists the elements i..i+16 (one cache line) of v whose key reaches
-// `bound`, where v = g, or with EF v = g + r, stored back to r.
+// scan_tail over one full line, i..i+kLine: a compare into a bit mask and an
+// in-register compress (kernels/topk_lines_cpu.h); a portable loop's mask
+// reduction and branchy push are a large share of this memory-bound pass
+// on one core.
 template <bool kEf>
-void scan16(const float* g, float* r, std::size_t i, std::uint32_t bound, CandidateList& list) {
-#if defined(__AVX512F__)
-  // Compares straight into a mask register and compresses the hits in
-  // registers: the portable loop's horizontal mask reduction and its branchy
-  // push are a large share of this memory-bound pass on one core.
-  __m512 v = _mm512_loadu_ps(g + i);
+void scan_line(const float* g, float* r, std::size_t i, std::uint32_t bound, CandidateList& list) {
+  namespace line = topk_line;
+  line::Values v = line::load(g + i);
   if constexpr (kEf) {
-    v = _mm512_add_ps(v, _mm512_loadu_ps(r + i));
-    _mm512_storeu_ps(r + i, v);
+    v = line::add(v, line::load(r + i));
+    line::store(r + i, v);
   }
-  const __m512i key = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));  // topk_key
-  const __mmask16 m = _mm512_cmpge_epu32_mask(key, _mm512_set1_epi32(static_cast<int>(bound)));
+  const std::uint32_t m = line::mask_ge(line::keys(v), bound);
   if (m == 0) return;
-  if (list.count + 16 <= list.capacity) {
-    // A full 16-lane store after an in-register compress (the lanes past the
-    // hits are overwritten later or ignored): a compress straight to memory
-    // is several times slower on Intel cores.
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i index = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(i)));
-    _mm512_storeu_si512(list.idx + list.count, _mm512_maskz_compress_epi32(m, index));
-    _mm512_storeu_ps(list.val + list.count, _mm512_maskz_compress_ps(m, v));
-    list.count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(m)));
+  if (list.count + line::kWidth <= list.capacity) {
+    line::compress_store(m, line::iota(static_cast<std::uint32_t>(i)), v, list.idx + list.count,
+                         list.val + list.count);
+    list.count += line::popcount(m);
   } else {
     list.push(m, i, kEf ? r : g);
   }
-#else
-  scan_tail<kEf>(g, r, i, 16, bound, list);
-#endif
 }
 
 // Lists the elements of v[begin..end) with key >= bound into `list`
@@ -255,10 +244,10 @@ template <bool kEf>
 void scan_candidates(const float* g, float* r, std::size_t begin, std::size_t end, std::uint32_t bound,
                      CandidateList& list) {
   std::size_t i = begin;
-  for (; i + 16 <= end; i += 16) {
+  for (; i + kLine <= end; i += kLine) {
     __builtin_prefetch(g + i + kPrefetchAhead);
     if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead);
-    scan16<kEf>(g, r, i, bound, list);
+    scan_line<kEf>(g, r, i, bound, list);
   }
   scan_tail<kEf>(g, r, i, end - i, bound, list);
 }
@@ -275,17 +264,17 @@ void scan_candidates(const float* g, float* r, std::size_t begin, std::size_t en
 template <bool kEf>
 std::size_t find_candidates(const float* g, float* r, std::size_t n, std::uint32_t bound, const Workspace& ws) {
   constexpr std::size_t kStreams = 4;
-  const std::size_t chunk = n / kStreams / 16 * 16;
+  const std::size_t chunk = n / kStreams / kLine * kLine;
   const std::size_t slice = ws.capacity / kStreams;
   std::array<CandidateList, kStreams> lists;
   for (std::size_t s = 0; s < kStreams; ++s) lists[s] = {ws.cand_idx + s * slice, ws.cand_val + s * slice, slice};
   const float* values = kEf ? r : g;
-  for (std::size_t j = 0; j < chunk; j += 16) {
+  for (std::size_t j = 0; j < chunk; j += kLine) {
     for (std::size_t s = 0; s < kStreams; ++s) {
       const std::size_t i = s * chunk + j;
       __builtin_prefetch(g + i + kPrefetchAhead / kStreams);
       if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead / kStreams);
-      scan16<kEf>(g, r, i, bound, lists[s]);
+      scan_line<kEf>(g, r, i, bound, lists[s]);
     }
   }
   // The tail after the last chunk belongs to the last list (its indices are the largest).
@@ -360,11 +349,11 @@ std::size_t encode(const Workspace& ws, const float* g, float* r, std::size_t n,
   const std::uint32_t bound = sample_bound<kEf>(g, r, n, static_cast<std::size_t>(rank), ws.sample);
   const std::size_t c = find_candidates<kEf>(g, r, n, bound, ws);
   if (sampled && c >= topk_sampled_min(k) && c <= topk_sampled_max(k) && c <= ws.capacity)
-    return emit_candidates<kEf>(ws, c, r, TopkThreshold{0, ~std::uint64_t{0}}, idx, val);  // all of them
+    return emit_candidates<kEf>(ws, c, r, TopkThreshold{0, ~std::uint64_t{0}}, c, idx, val);  // all of them
   if (c < k || c > ws.capacity) return select_direct<kEf>(v, r, n, k, idx, val);
   const TopkThreshold t =
       radix_threshold([&](std::size_t j) { return topk_key(ws.cand_val[j]); }, c, k, ws.cand_keys);
-  return emit_candidates<kEf>(ws, c, r, t, idx, val);
+  return emit_candidates<kEf>(ws, c, r, t, k, idx, val);
 }
 
 std::size_t encode_entry(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n, std::size_t k,

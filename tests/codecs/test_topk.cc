@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <numeric>
+#include <ostream>
 
 #include "kernels/cpu.h"
 #include "test_util.h"
@@ -30,24 +34,41 @@ struct Result {
   std::vector<float> val;
 };
 
+std::uint32_t bits(float v) {
+  std::uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// Runs the CPU encoder into outputs of exactly the documented size (k, or
+// topk_sampled_max(k), at most n), followed by guard entries that must stay
+// untouched: the vector emits store whole lines and must stop short of the end.
 Result run_topk(const std::vector<float>& g, std::vector<float>* r, std::size_t k, bool sampled = false) {
+  constexpr std::size_t kGuard = 64;
+  constexpr std::uint32_t kGuardIdx = 0xDEADBEEFu;
+  const float guard_val = std::bit_cast<float>(0x7FBADBADu);
   const std::size_t n = g.size();
   std::size_t ws_bytes = 0;
   kernels::cpu::topk_encode(nullptr, ws_bytes, nullptr, nullptr, n, k, nullptr, nullptr);
   std::vector<std::byte> ws(ws_bytes);
-  const std::size_t cap = sampled ? kernels::cpu::topk_sampled_max(k) + 1 : k + 1;
-  Result res{std::vector<std::uint32_t>(std::min(cap, n + 1)), std::vector<float>(std::min(cap, n + 1))};
+  const std::size_t cap = std::min(sampled ? kernels::cpu::topk_sampled_max(k) : k, n);
+  Result res{std::vector<std::uint32_t>(cap + kGuard, kGuardIdx), std::vector<float>(cap + kGuard, guard_val)};
   float* rp = r ? r->data() : nullptr;
   const std::size_t c = sampled ? kernels::cpu::topk_encode_sampled(ws.data(), ws_bytes, g.data(), rp, n, k,
                                                                      res.idx.data(), res.val.data())
                                 : kernels::cpu::topk_encode(ws.data(), ws_bytes, g.data(), rp, n, k, res.idx.data(),
                                                             res.val.data());
+  EXPECT_LE(c, cap);
+  for (std::size_t j = cap; j < cap + kGuard; ++j) {
+    EXPECT_EQ(res.idx[j], kGuardIdx) << "index written past the end, at " << j - cap;
+    EXPECT_EQ(bits(res.val[j]), bits(guard_val)) << "value written past the end, at " << j - cap;
+  }
   res.idx.resize(c);
   res.val.resize(c);
   return res;
 }
 
-enum class Dist { Normal, Cauchy, FewLevels, AllZero, SpikesOnSample, SpikesOffSample, Exponents, Clustered };
+enum class Dist { Normal, Cauchy, FewLevels, AllZero, AllEqual, SpikesOnSample, SpikesOffSample, Exponents, Clustered, NaNs };
 
 std::vector<float> make(Dist d, std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -67,6 +88,19 @@ std::vector<float> make(Dist d, std::size_t n, std::uint64_t seed) {
     }
     case Dist::AllZero:
       return v;
+    case Dist::AllEqual:  // one magnitude, both signs: every line holds a tie
+      for (auto& x : v) x = rng() % 2 ? 0.75f : -0.75f;
+      return v;
+    case Dist::NaNs: {  // 3% NaNs of assorted payloads (all rank alike) and 0.5% infinities
+      const std::uint32_t payloads[] = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x7FA00000u};
+      v = test::normal(n, seed);
+      for (auto& x : v) {
+        const std::uint64_t u = rng() % 1000;
+        if (u < 30) x = std::bit_cast<float>(payloads[u % 6]);
+        else if (u < 35) x = u % 2 ? INFINITY : -INFINITY;
+      }
+      return v;
+    }
     case Dist::SpikesOnSample:  // the sample sees spikes the rest of the data lacks
       v = test::normal(n, seed);
       for (std::size_t j = 0; j < 16384 && n >= 65536; ++j) v[j * n / 16384] = 100.0f + static_cast<float>(j);
@@ -94,6 +128,24 @@ struct Case {
   std::size_t k;
 };
 
+const char* dist_name(Dist d) {
+  switch (d) {
+    case Dist::Normal: return "Normal";
+    case Dist::Cauchy: return "Cauchy";
+    case Dist::FewLevels: return "FewLevels";
+    case Dist::AllZero: return "AllZero";
+    case Dist::AllEqual: return "AllEqual";
+    case Dist::SpikesOnSample: return "SpikesOnSample";
+    case Dist::SpikesOffSample: return "SpikesOffSample";
+    case Dist::Exponents: return "Exponents";
+    case Dist::Clustered: return "Clustered";
+    case Dist::NaNs: return "NaNs";
+  }
+  return "?";
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << dist_name(c.dist) << " n=" << c.n << " k=" << c.k; }
+
 class TopkExact : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TopkExact, MatchesSortReferenceWithAndWithoutFeedback) {
@@ -103,7 +155,7 @@ TEST_P(TopkExact, MatchesSortReferenceWithAndWithoutFeedback) {
 
   const Result plain = run_topk(g, nullptr, c.k);
   ASSERT_EQ(plain.idx, want);
-  for (std::size_t j = 0; j < plain.idx.size(); ++j) ASSERT_TRUE(test::same_float(plain.val[j], g[plain.idx[j]]));
+  for (std::size_t j = 0; j < plain.idx.size(); ++j) ASSERT_EQ(bits(plain.val[j]), bits(g[plain.idx[j]])) << j;
 
   std::vector<float> r0 = test::normal(c.n, 77, 0.5f);
   std::vector<float> r = r0;
@@ -121,7 +173,8 @@ TEST_P(TopkExact, MatchesSortReferenceWithAndWithoutFeedback) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (Dist d : {Dist::Normal, Dist::Cauchy, Dist::FewLevels, Dist::AllZero, Dist::Exponents}) {
+  for (Dist d : {Dist::Normal, Dist::Cauchy, Dist::FewLevels, Dist::AllZero, Dist::AllEqual, Dist::Exponents,
+                 Dist::NaNs}) {
     for (std::size_t n : {0u, 1u, 2u, 31u, 1000u}) {
       for (std::size_t k : {std::size_t{0}, std::size_t{1}, n / 2, n - (n > 0), n, n + 3}) out.push_back({d, n, k});
     }
@@ -134,6 +187,13 @@ std::vector<Case> cases() {
   for (std::size_t k : {2621u, 20000u}) out.push_back({Dist::Clustered, 262144, k});
   out.push_back({Dist::Clustered, (1u << 20) + 3, 10486});
   out.push_back({Dist::Normal, (1u << 20) + 3, 10486});
+  // Lengths that end inside a line and inside the last stream's chunk (4 x 16 elements).
+  for (std::size_t n : {65536u + 15u, 65536u + 63u, 262144u + 49u}) {
+    for (std::size_t k : {std::size_t{7}, n / 100, n / 10}) {
+      out.push_back({Dist::Normal, n, k});
+      out.push_back({Dist::NaNs, n, k});
+    }
+  }
   return out;
 }
 
@@ -158,6 +218,48 @@ TEST(Topk, NaNAndInfAreAlwaysSent) {
   EXPECT_EQ(run_topk(g, nullptr, 3).idx, (std::vector<std::uint32_t>{500, 70000, 99999}));
 }
 
+// The candidate pass walks 4 chunks in lockstep, 16-element lines, each
+// chunk listing into its own quarter ("slice") of the candidate arrays, and
+// stores whole compressed lines while a line fits. Here chunk 0 fills its
+// slice to within one line of the end, and chunk 1's entries start right
+// after it: a line stored past the end of slice 0 would overwrite them.
+TEST(Topk, CandidateSliceFilledToWithinOneLine) {
+  constexpr std::size_t n = 262144, kStreams = 4, kLine = 16, chunk = n / kStreams;
+  // The sample's bound (kernels/topk.h policy) and the candidates per chunk.
+  auto candidates = [&](const std::vector<float>& v, std::size_t k) {
+    std::vector<std::uint32_t> sample(kernels::kTopkSample);
+    for (std::size_t j = 0; j < sample.size(); ++j) sample[j] = kernels::topk_key(v[kernels::topk_sample_position(j, n)]);
+    const std::size_t rank = kernels::topk_sample_rank(n, k, false);
+    std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(rank - 1), sample.end(),
+                     std::greater<>());
+    std::vector<std::size_t> per_chunk(kStreams, 0);
+    for (std::size_t i = 0; i < n; ++i) per_chunk[i / chunk] += kernels::topk_key(v[i]) >= sample[rank - 1];
+    return per_chunk;
+  };
+  // Chunk 0 opens with m decreasing large values, chunk 1 with three larger ones; the rest is small.
+  const std::vector<float> small = test::normal(n, 9, 1e-3f);
+  auto data = [&](std::size_t m) {
+    std::vector<float> v = small;
+    for (std::size_t i = 0; i < m; ++i) v[i] = 1000.0f - 0.01f * static_cast<float>(i);
+    for (std::size_t i = 0; i < 3; ++i) v[chunk + i] = -2000.0f;
+    return v;
+  };
+  bool found = false;
+  for (std::size_t k = 1000; k < 6000 && !found; k += 7) {
+    const std::size_t slice = kernels::topk_candidate_capacity(n, k) / kStreams;
+    const std::size_t m = slice - 2;  // whole lines up to slice - 16 + 14, then a partial one
+    const std::vector<float> g = data(m);
+    const auto per_chunk = candidates(g, k);
+    const std::size_t last_line_start = per_chunk[0] / kLine * kLine;
+    if (per_chunk[0] > slice || last_line_start + kLine <= slice || per_chunk[1] != 3 ||
+        per_chunk[0] + per_chunk[1] < k)
+      continue;
+    found = true;
+    EXPECT_EQ(run_topk(g, nullptr, k).idx, reference_topk(g, k)) << "k=" << k;
+  }
+  ASSERT_TRUE(found) << "no k puts chunk 0's last line across its slice end: the layout changed";
+}
+
 TEST(Topk, DeterministicAcrossCalls) {
   const auto g = make(Dist::FewLevels, 300000, 5);
   const Result a = run_topk(g, nullptr, 3000), b = run_topk(g, nullptr, 3000);
@@ -165,7 +267,7 @@ TEST(Topk, DeterministicAcrossCalls) {
 }
 
 TEST(TopkSampled, CountWithinBoundAndSendsTheLargest) {
-  for (Dist d : {Dist::Normal, Dist::Cauchy, Dist::FewLevels, Dist::SpikesOffSample, Dist::Exponents}) {
+  for (Dist d : {Dist::Normal, Dist::Cauchy, Dist::FewLevels, Dist::SpikesOffSample, Dist::Exponents, Dist::NaNs}) {
     for (std::size_t k : {30u, 3000u, 30000u}) {
       const std::size_t n = 300000;
       const auto g = make(d, n, k);
@@ -182,6 +284,9 @@ TEST(TopkSampled, CountWithinBoundAndSendsTheLargest) {
       for (std::size_t i = 0; i < n; ++i)
         if (!sent[i]) max_kept = std::max(max_kept, kernels::topk_key(g[i]));
       ASSERT_GE(min_sent, max_kept);
+      // More precisely, the set is a top set by (key, lower index first): all
+      // keys >= the sample's bound, or (fallback) the exact top k.
+      ASSERT_EQ(res.idx, reference_topk(g, res.idx.size()));
     }
   }
 }
