@@ -28,7 +28,8 @@ def medians(path):
 def main(path):
     ctx, runs = medians(path)
     rows = defaultdict(dict)  # (family, n) -> codec -> (enc, dec)
-    print(f"Context: {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs at "
+    print(f"Context: {ctx.get('cpu_model', '?')} ({ctx.get('cpu_isa', '?')}), kernels built for "
+          f"{ctx.get('build_isa', '?')}; {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs at "
           f"{ctx.get('mhz_per_cpu', '?')} MHz, {ctx.get('date', '?')}\n")
     print("| benchmark | time (ms) | GB/s moved | elements/s |")
     print("|---|---:|---:|---:|")
