@@ -220,7 +220,8 @@ void scan_tail(const float* g, float* r, std::size_t i, std::size_t count, std::
 // reduction and branchy push are a large share of this memory-bound pass
 // on one core.
 template <bool kEf>
-void scan_line(const float* g, float* r, std::size_t i, std::uint32_t bound, CandidateList& list) {
+[[gnu::always_inline]] inline void scan_line(const float* g, float* r, std::size_t i, std::uint32_t bound,
+                                             CandidateList& list) {
   namespace line = topk_line;
   line::Values v = line::load(g + i);
   if constexpr (kEf) {
@@ -261,19 +262,24 @@ void scan_candidates(const float* g, float* r, std::size_t begin, std::size_t en
 // listing into its own slice of the candidate arrays, then closes the gaps.
 // A chunk with more candidates than its slice (skewed data) costs one more
 // sequential pass over v, not the fall back to the whole-array select.
+// The streams are unrolled so that each list's count stays in a register.
+// (AMD EPYC, AVX2, 16M: unrolling ~7.0 -> ~6.1 ms; 2 KiB ahead per stream
+// instead of 1 KiB ~6.4 -> ~6.0 ms; 8 streams ~6.9 ms; min of 60 calls.)
 template <bool kEf>
 std::size_t find_candidates(const float* g, float* r, std::size_t n, std::uint32_t bound, const Workspace& ws) {
   constexpr std::size_t kStreams = 4;
+  constexpr std::size_t kStreamAhead = 512;  // elements prefetched ahead in each stream (8 KiB in all)
   const std::size_t chunk = n / kStreams / kLine * kLine;
   const std::size_t slice = ws.capacity / kStreams;
   std::array<CandidateList, kStreams> lists;
   for (std::size_t s = 0; s < kStreams; ++s) lists[s] = {ws.cand_idx + s * slice, ws.cand_val + s * slice, slice};
   const float* values = kEf ? r : g;
   for (std::size_t j = 0; j < chunk; j += kLine) {
+#pragma GCC unroll 4
     for (std::size_t s = 0; s < kStreams; ++s) {
       const std::size_t i = s * chunk + j;
-      __builtin_prefetch(g + i + kPrefetchAhead / kStreams);
-      if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead / kStreams);
+      __builtin_prefetch(g + i + kStreamAhead);
+      if constexpr (kEf) __builtin_prefetch(r + i + kStreamAhead);
       scan_line<kEf>(g, r, i, bound, lists[s]);
     }
   }
