@@ -12,6 +12,11 @@
 // bound misses (fewer than k candidates, or more than fit), the select runs
 // over the whole array instead: the result never depends on the sample, only
 // the speed does.
+//
+// The candidate pass and the emit work a cache line (16 floats) at a time
+// through kernels/topk_lines_cpu.h, which holds the AVX-512, AVX2 and
+// portable versions of the few line operations; the build picks one at
+// compile time. Nothing else here depends on the instruction set.
 #include <algorithm>
 #include <array>
 #include <bit>
