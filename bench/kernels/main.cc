@@ -128,22 +128,23 @@ void summarize_family(std::FILE* out, const RecordingReporter& rep, const char* 
     const auto* base = rep.find(std::string(copy) + "/" + sn);
     if (!base) continue;
     const double base_rate = by_bytes ? base->bytes : base->items;
-    if (!header) {
-      std::fprintf(out, "\n# %s / %s vs %s (%s per second, same run); target >= %.0f%% for fp16, bf16, onebit at n = 16M\n",
-                  enc, dec, copy, by_bytes ? "bytes moved" : "elements", target * 100);
-      std::fprintf(out, "# %-8s %12s %10s %10s\n", "codec", "n", "encode", "decode");
-      header = true;
-    }
     for (const BenchCodec& c : bench_codecs()) {
       const auto* e = rep.find(std::string(enc) + "/" + c.name + "/" + sn);
       const auto* d = rep.find(std::string(dec) + "/" + c.name + "/" + sn);
       if (!e && !d) continue;
+      if (!header) {
+        std::fprintf(out,
+                     "\n# %s / %s vs %s (%s per second, same run); target >= %.0f%% for fp16, bf16, onebit at n = 16M\n",
+                     enc, dec, copy, by_bytes ? "bytes moved" : "elements", target * 100);
+        std::fprintf(out, "# %-8s %12s %10s %10s\n", "codec", "n", "encode", "decode");
+        header = true;
+      }
       const double er = e ? (by_bytes ? e->bytes : e->items) / base_rate : 0;
       const double dr = d ? (by_bytes ? d->bytes : d->items) / base_rate : 0;
       const bool targeted = n == (std::size_t{16} << 20) && std::string(c.name) != "none" &&
                             std::string(c.name) != "topk";
       std::fprintf(out, "  %-8s %12zu %9.0f%% %9.0f%%%s\n", c.name, n, 100 * er, 100 * dr,
-                  targeted ? (er >= target && dr >= target ? "  target met" : "  target MISSED") : "");
+                   targeted ? (er >= target && dr >= target ? "  target met" : "  target MISSED") : "");
     }
   }
 }
@@ -163,7 +164,8 @@ void summarize(std::FILE* out, const RecordingReporter& rep) {
     }
     const double speedup = nth->seconds / rates.seconds;
     const bool targeted = name.find("/16777216/") != std::string::npos;
-    std::fprintf(out, "  %-28s %7.1fx%s\n", name.c_str(), speedup, targeted ? (speedup >= 8 ? "  target met" : "  target MISSED") : "");
+    std::fprintf(out, "  %-28s %7.1fx%s\n", name.c_str(), speedup,
+                 targeted ? (speedup >= 8 ? "  target met" : "  target MISSED") : "");
   }
 }
 
