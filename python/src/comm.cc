@@ -40,7 +40,7 @@ gz::Timeout to_timeout(std::optional<double> seconds) {
 
 // A Store whose operations call a Python object with torch.distributed.Store's
 // methods: set(key, bytes), get(key) -> bytes, wait(keys, timedelta), add(key, int),
-// check(keys) -> bool.
+// check(keys) -> bool, and delete_key(key) when it has one.
 // Python exceptions (torch's store timeout among them) become IoError.
 class PyStore final : public gz::Store {
  public:
@@ -90,6 +90,12 @@ class PyStore final : public gz::Store {
     std::int64_t out = 0;
     call("add", key, [&] { out = nb::cast<std::int64_t>(store_.attr("add")(key, delta)); });
     return out;
+  }
+  void do_erase(const std::vector<std::string>& keys) override {
+    call("delete_key", gz::join_keys(keys), [&] {
+      if (!nb::hasattr(store_, "delete_key")) return;  // such a store keeps what the ranks agreed on
+      for (const auto& k : keys) store_.attr("delete_key")(k);
+    });
   }
 
  private:
