@@ -78,7 +78,7 @@ struct TcpStoreLimits {
   std::size_t max_strangers = 64;     ///< connections not through the handshake yet (the oldest is evicted)
   Timeout handshake_timeout{10000};   ///< for a stranger to complete the handshake
   Timeout stall_timeout{30000};       ///< for a member to finish a frame it began
-  std::size_t max_buffered = 64u << 20;  ///< bytes in flight over all connections (frames in, replies out)
+  std::size_t max_buffered = 32u << 20;  ///< bytes in flight over all connections (frames in, replies out)
 };
 
 /// The server half, usable on its own (tests start one on port 0).

@@ -422,7 +422,10 @@ void TcpStoreServer::Impl::process(Conn& c) {
     const auto len = sp::frame_length(c.in, max_body);
     if (!len) return reject(c, c.phase == Phase::Stranger ? "not a gradzip store client (bad first frame)"
                                                           : "sent a malformed frame");
-    if (c.in.size() < sp::kFrameHeader + *len) return;
+    if (c.in.size() < sp::kFrameHeader + *len) {
+      c.in.reserve(sp::kFrameHeader + *len);  // the frame's size, not a doubling of it: memory stays as counted
+      return;
+    }
     const std::string body = c.in.substr(sp::kFrameHeader, *len);
     c.in.erase(0, sp::kFrameHeader + *len);
     buffered -= sp::kFrameHeader + *len;
