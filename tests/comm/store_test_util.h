@@ -32,8 +32,8 @@ inline void send_raw(int fd, const std::string& bytes) {
   net::write_all(fd, bytes.data(), bytes.size(), net::Clock::now() + std::chrono::seconds(5));
 }
 
-/// Reads until the peer closes (true) or 5 s pass without that (false);
-/// what arrived is appended to `got`.
+/// Reads until the peer closes or resets the connection (true) or 5 s pass
+/// without that (false); what arrived is appended to `got`.
 inline bool closed_by_peer(int fd, std::string* got = nullptr) {
   char c[4096];
   const auto deadline = net::Clock::now() + std::chrono::seconds(5);
@@ -44,7 +44,7 @@ inline bool closed_by_peer(int fd, std::string* got = nullptr) {
       if (got) got->push_back(c[0]);
     }
   } catch (const IoError& e) {
-    return std::string(e.what()).find("closed") != std::string::npos;
+    return std::string(e.what()).find("timed out") == std::string::npos;
   }
 }
 
