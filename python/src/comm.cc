@@ -7,6 +7,7 @@
 // takes it back only for its own calls.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -22,6 +23,7 @@
 #include "arrays.h"
 #include "bindings.h"
 #include "codec_handle.h"
+#include "comm/agreement.h"
 #include "comm/allreduce.h"
 #include "comm/communicator.h"
 #include "common/error.h"
@@ -285,6 +287,12 @@ void bind_comm(nb::module_& m) {
            },
            "Releases the transport; waits up to 10 s for the other ranks to close too.");
 
+  m.def("_describe_disagreement",
+        [](const std::vector<gz::Fields>& all) { return gz::describe_disagreement(all); }, nb::arg("fields_by_rank"),
+        "The agreement's mismatch report for every rank's (name, value) fields; '' when all agree\n"
+        "(the DDP hook's agreement reports with it).");
+  m.def("_default_timeout_s", [] { return static_cast<double>(gz::default_timeout().count()) / 1000.0; },
+        "GRADZIP_TIMEOUT_S in seconds (default 60), as the communicator reads it.");
   m.def("transport_available", [](std::string_view t) { return gz::transport_available(gz::parse_transport_kind(t)); },
         nb::arg("transport"), "Whether this build has the transport ('ucx' or 'nccl').");
 }
