@@ -54,7 +54,7 @@ void read_residual(bytes::Reader& in, std::vector<float>& out, std::uint64_t cou
   const std::string_view raw = in.raw(4 * count, what);
   if (!in.ok()) malformed("truncated: " + in.failure());
   out.resize(count);
-  std::memcpy(out.data(), raw.data(), raw.size());
+  if (count) std::memcpy(out.data(), raw.data(), raw.size());
   for (std::uint64_t i = 0; i < count; ++i)
     if (!std::isfinite(out[i]))
       malformed(std::string(what) + " element " + std::to_string(i) + " is " + std::to_string(out[i]) +
@@ -88,9 +88,9 @@ std::string AllreduceState::save() const {
   s.resize(head + 4 * (l.worker_count + l.server_count));
   char* worker = s.data() + head;
   char* server = worker + 4 * l.worker_count;
-  if (pending_) {
-    std::memcpy(worker, pending_worker_.data(), 4 * l.worker_count);
-    std::memcpy(server, pending_server_.data(), 4 * l.server_count);
+  if (pending_) {  // (memcpy from an empty vector's null data() is undefined even for 0 bytes)
+    if (l.worker_count) std::memcpy(worker, pending_worker_.data(), 4 * l.worker_count);
+    if (l.server_count) std::memcpy(server, pending_server_.data(), 4 * l.server_count);
   } else {
     mem::to_host(worker, worker_.data(), 4 * l.worker_count, device_, nullptr);
     mem::to_host(server, server_.data(), 4 * l.server_count, device_, nullptr);

@@ -76,9 +76,12 @@ std::unique_ptr<Communicator> Communicator::create(TransportKind kind, std::shar
   return assemble(kind, std::move(store), job_key, rank, world_size, local_rank, options);
 }
 
-std::unique_ptr<Communicator> Communicator::assemble(TransportKind kind, std::shared_ptr<Store> store,
-                                                     const std::string& job_key, int rank, int world_size,
-                                                     int local_rank, const CommunicatorOptions& options) {
+// (Without UCX and NCCL, as in the fuzz build, no transport uses the ranks.)
+std::unique_ptr<Communicator> Communicator::assemble([[maybe_unused]] TransportKind kind, std::shared_ptr<Store> store,
+                                                     const std::string& job_key, [[maybe_unused]] int rank,
+                                                     [[maybe_unused]] int world_size,
+                                                     [[maybe_unused]] int local_rank,
+                                                     const CommunicatorOptions& options) {
   // Sealed below the prefix, so a value's tag covers its full key.
   auto sealed = std::make_shared<SealedStore>(std::move(store), job_key);
   auto prefixed = std::make_shared<PrefixStore>(options.prefix, std::move(sealed));
@@ -94,7 +97,6 @@ std::unique_ptr<Communicator> Communicator::assemble(TransportKind kind, std::sh
     transport = std::make_unique<NcclTransport>(*prefixed, rank, world_size, device, options.timeout);
   }
 #endif
-  (void)local_rank;
   return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options);
 }
 
