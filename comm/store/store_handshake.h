@@ -37,8 +37,9 @@ inline constexpr std::size_t kNonceBytes = 16;
 inline constexpr std::size_t kProofBytes = 32;
 inline constexpr std::size_t kMaxJobId = 64;
 inline constexpr std::size_t kMaxReason = 512;
-/// Every handshake body fits (a hello is at most 1+4+4+64+4+4+16+32 bytes).
-inline constexpr std::size_t kMaxBody = 256;
+/// Every handshake body fits: a refusal is the largest (1+4+512 bytes; a
+/// hello is at most 1+4+4+64+4+4+16+32).
+inline constexpr std::size_t kMaxBody = 1 + 4 + kMaxReason;
 
 enum class Kind : std::uint8_t { Challenge = 0x10, Hello = 0x11, Welcome = 0x12, Refused = 0x13 };
 

@@ -6,7 +6,7 @@
 //
 // Who gets in: a new connection is sent a challenge and must answer with a
 // hello of this job (store_handshake.h) within the handshake timeout, in a
-// frame of at most store_hs::kMaxBody bytes. Until then it is a stranger:
+// frame of at most store_hs::kMaxBody bytes (517). Until then it is a stranger:
 // strangers have a budget of their own (max_strangers connections, the oldest
 // evicted when a new one arrives), so no number of idle or junk connections
 // can lock a rank out. Members are admitted one connection per rank.

@@ -171,6 +171,13 @@ TEST(TwoJobs, OnOnePortRefuseEachOtherNamingTheClash) {
     EXPECT_NE(refusal_of([&] { TcpStore b("127.0.0.1", a0.port(), false, StoreMember{slurm2, 1, 2}, Timeout(3000)); })
                   .find("another job"),
               std::string::npos);
+    JobIdentity long1 = slurm1, long2 = slurm2;  // the longest ids make the longest refusal: it arrives whole
+    long1.id = std::string(store_hs::kMaxJobId, 'a');
+    long2.id = std::string(store_hs::kMaxJobId, 'b');
+    TcpStore l0("127.0.0.1", 0, true, StoreMember{long1, 0, 2}, Timeout(3000));
+    const std::string why =
+        refusal_of([&] { TcpStore b("127.0.0.1", l0.port(), false, StoreMember{long2, 1, 2}, Timeout(3000)); });
+    EXPECT_NE(why.find("refused it: this store belongs to another job"), std::string::npos) << why;
     TcpStore n0("127.0.0.1", 0, true, StoreMember{none, 0, 2}, Timeout(3000));
     TcpStore n1("127.0.0.1", n0.port(), false, StoreMember{none, 1, 2}, Timeout(3000));
     const std::string twice =
