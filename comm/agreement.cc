@@ -3,30 +3,14 @@
 #include <algorithm>
 #include <map>
 
+#include "common/bytes.h"
 #include "common/error.h"
 
 namespace gz {
 namespace {
 
-// "name=value\n" per field; values come from spec strings and numbers, which
-// hold no newline.
-std::string encode(const Fields& fields) {
-  std::string s;
-  for (const auto& [k, v] : fields) s += k + "=" + v + "\n";
-  return s;
-}
-
-Fields decode(const std::string& s) {
-  Fields f;
-  std::size_t pos = 0;
-  while (pos < s.size()) {
-    const std::size_t nl = s.find('\n', pos), eq = s.find('=', pos);
-    if (nl == std::string::npos || eq == std::string::npos || eq > nl) break;
-    f.emplace_back(s.substr(pos, eq - pos), s.substr(eq + 1, nl - eq - 1));
-    pos = nl + 1;
-  }
-  return f;
-}
+constexpr std::size_t kMaxFields = 64;
+constexpr std::size_t kMaxField = 4096;
 
 // "0-2,5" from a sorted list of ranks.
 std::string rank_list(const std::vector<int>& ranks) {
@@ -44,32 +28,45 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
-void agree(Store& store, std::uint64_t index, int rank, int size, const Fields& fields, Timeout timeout) {
-  if (size <= 1) return;
-  const std::string prefix = "agree/" + std::to_string(index) + "/";
-  store.set(prefix + std::to_string(rank), encode(fields));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
-  try {
-    store.wait(keys, timeout);
-  } catch (const IoError& e) {
-    GZ_THROW(IoError, "rank ", rank, ": the ranks did not all start allreduce call agreement #", index,
-             " (a rank died, or the ranks call allreduce with states or buffers in a different order): ", e.what());
+std::string encode_fields(const Fields& fields) {
+  std::string s;
+  bytes::Writer w(s);
+  w.put(static_cast<std::uint32_t>(fields.size()));
+  for (const auto& [k, v] : fields) {
+    w.str(k);
+    w.str(v);
   }
-  std::vector<Fields> all(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) all[static_cast<std::size_t>(r)] = decode(store.get(keys[static_cast<std::size_t>(r)]));
+  return s;
+}
 
-  // For each field (in this rank's order; every rank has the same names):
-  // group the ranks by value.
+std::optional<Fields> decode_fields(std::string_view bytes) {
+  bytes::Reader r(bytes);
+  const auto count = r.get<std::uint32_t>("field count");
+  if (!r.ok() || count > kMaxFields) return std::nullopt;
+  Fields f;
+  for (std::uint32_t i = 0; i < count && r.ok(); ++i) {
+    const std::string_view k = r.str(kMaxField, "name"), v = r.str(kMaxField, "value");
+    f.emplace_back(k, v);
+  }
+  if (!r.ok() || !r.at_end()) return std::nullopt;
+  return f;
+}
+
+std::string describe_disagreement(const std::vector<Fields>& all) {
+  // Every name any rank sent, in rank order of first appearance: every rank
+  // builds the same report.
+  std::vector<std::string> names;
+  for (const auto& fields : all)
+    for (const auto& f : fields)
+      if (std::find(names.begin(), names.end(), f.first) == names.end()) names.push_back(f.first);
   std::string problems;
-  for (std::size_t f = 0; f < fields.size(); ++f) {
-    const std::string& name = fields[f].first;
+  for (const auto& name : names) {
     std::map<std::string, std::vector<int>> by_value;
-    for (int r = 0; r < size; ++r) {
+    for (std::size_t r = 0; r < all.size(); ++r) {
       std::string value = "(missing)";
-      for (const auto& [k, v] : all[static_cast<std::size_t>(r)])
+      for (const auto& [k, v] : all[r])
         if (k == name) value = v;
-      by_value[value].push_back(r);
+      by_value[value].push_back(static_cast<int>(r));
     }
     if (by_value.size() <= 1) continue;
     // Listed by lowest rank, so rank 0's value comes first.
@@ -80,6 +77,44 @@ void agree(Store& store, std::uint64_t index, int rank, int size, const Fields& 
       problems += " rank" + std::string(ranks.size() > 1 ? "s " : " ") + rank_list(ranks) + " '" + value + "';";
     problems.pop_back();
   }
+  return problems;
+}
+
+void agree(Store& store, std::uint64_t index, int rank, int size, const Fields& fields, Timeout timeout) {
+  if (size <= 1) return;
+  const std::string prefix = "agree/" + std::to_string(index) + "/";
+  auto key = [&](int r) { return prefix + std::to_string(r); };
+  store.set(key(rank), encode_fields(fields));
+  std::vector<std::string> others;
+  for (int r = 0; r < size; ++r)
+    if (r != rank) others.push_back(key(r));
+  try {
+    store.wait(others, timeout);
+  } catch (const IoError& e) {
+    GZ_THROW(IoError, "rank ", rank, ": the ranks did not all start allreduce call agreement #", index,
+             " (a rank died, or the ranks call allreduce with states or buffers in a different order): ", e.what());
+  }
+  std::vector<Fields> all(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      all[static_cast<std::size_t>(r)] = fields;  // this rank's own, as it was asked
+      continue;
+    }
+    auto theirs = decode_fields(store.get(key(r)));
+    if (!theirs)
+      GZ_THROW(IoError, "rank ", rank, ": the fields rank ", r, " published for agreement #", index, " are malformed");
+    all[static_cast<std::size_t>(r)] = std::move(*theirs);
+  }
+  // Every rank has read the round once the counter reaches size: the last
+  // reader erases it. (A rank that fails before this leaves it behind; the
+  // job is over then.)
+  if (store.add(prefix + "read", 1) == size) {
+    std::vector<std::string> keys = others;
+    keys.push_back(key(rank));
+    keys.push_back(prefix + "read");
+    store.erase(keys);
+  }
+  const std::string problems = describe_disagreement(all);
   if (!problems.empty())
     GZ_THROW(InvalidArgument, "allreduce: the ranks disagree on the call (every rank must pass the same values):",
              problems);

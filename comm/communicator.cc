@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "comm/crypto.h"
 #include "comm/store/prefix_store.h"
+#include "comm/store/sealed_store.h"
 #include "comm/store/tcp_store.h"
 #include "common/error.h"
 #if GZ_HAVE_UCX
@@ -33,22 +35,56 @@ bool transport_available(TransportKind k) {
   return false;
 }
 
-std::unique_ptr<Communicator> Communicator::from_env(TransportKind kind, const CommunicatorOptions& options) {
-  const RankInfo info = rank_info_from_env();
+namespace {
+
+void check_available(TransportKind kind) {
   if (!transport_available(kind))
     GZ_THROW(InvalidArgument, "this build of gradzip has no ", to_string(kind),
              " transport (configure with GRADZIP_", kind == TransportKind::Ucx ? "UCX" : "NCCL", "=ON)");
-  auto tcp = std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0, options.timeout);
-  return create(kind, std::move(tcp), info.rank, info.world_size, info.local_rank, options);
+}
+
+// The key that tags the values of a communicator over a store gradzip did not
+// open (torch's): GRADZIP_JOB_TOKEN when set; else one rank 0 draws and
+// shares through that store. The shared key keeps other jobs' values and
+// blind writers out, but not a stranger who can read the store (torch's
+// TCPStore has no authentication): only a token does that.
+std::string shared_job_key(Store& store, const std::string& prefix, int rank, Timeout timeout) {
+  const JobIdentity job = job_identity_from_env();
+  if (job.secret()) return job.mac_key();
+  const std::string key = prefix + "/job-key";
+  if (rank == 0) store.set(key, crypto::to_hex(crypto::random_bytes(32)));
+  return store.get(key, timeout);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::from_env(TransportKind kind, const CommunicatorOptions& options) {
+  const RankInfo info = rank_info_from_env();
+  check_available(kind);
+  StoreMember me{job_identity_from_env(), info.rank, info.world_size};
+  const std::string job_key = me.job.mac_key();
+  auto tcp = std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0, std::move(me),
+                                        options.timeout);
+  return assemble(kind, std::move(tcp), job_key, info.rank, info.world_size, info.local_rank, options);
 }
 
 std::unique_ptr<Communicator> Communicator::create(TransportKind kind, std::shared_ptr<Store> store, int rank,
                                                    int world_size, int local_rank, const CommunicatorOptions& options) {
-  if (!transport_available(kind))
-    GZ_THROW(InvalidArgument, "this build of gradzip has no ", to_string(kind),
-             " transport (configure with GRADZIP_", kind == TransportKind::Ucx ? "UCX" : "NCCL", "=ON)");
+  check_available(kind);
   GZ_ENFORCE(world_size >= 1 && rank >= 0 && rank < world_size, "rank ", rank, " is not in [0, ", world_size, ")");
-  auto prefixed = std::make_shared<PrefixStore>(options.prefix, std::move(store));
+  std::string job_key = shared_job_key(*store, options.prefix, rank, options.timeout);
+  return assemble(kind, std::move(store), job_key, rank, world_size, local_rank, options);
+}
+
+// (Without UCX and NCCL, as in the fuzz build, no transport uses the ranks.)
+std::unique_ptr<Communicator> Communicator::assemble([[maybe_unused]] TransportKind kind, std::shared_ptr<Store> store,
+                                                     const std::string& job_key, [[maybe_unused]] int rank,
+                                                     [[maybe_unused]] int world_size,
+                                                     [[maybe_unused]] int local_rank,
+                                                     const CommunicatorOptions& options) {
+  // Sealed below the prefix, so a value's tag covers its full key.
+  auto sealed = std::make_shared<SealedStore>(std::move(store), job_key);
+  auto prefixed = std::make_shared<PrefixStore>(options.prefix, std::move(sealed));
   std::unique_ptr<Transport> transport;
 #if GZ_HAVE_UCX
   if (kind == TransportKind::Ucx)
@@ -61,7 +97,6 @@ std::unique_ptr<Communicator> Communicator::create(TransportKind kind, std::shar
     transport = std::make_unique<NcclTransport>(*prefixed, rank, world_size, device, options.timeout);
   }
 #endif
-  (void)local_rank;
   return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options);
 }
 

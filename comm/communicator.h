@@ -50,12 +50,16 @@ struct AllreduceCall {
 
 class Communicator {
  public:
-  /// Rendezvous from the torchrun variables (rank_info_from_env): rank 0 hosts
-  /// the TcpStore; then the transport connects every pair. Collective.
+  /// Rendezvous from the torchrun variables (rank_info_from_env) and
+  /// GRADZIP_JOB_TOKEN: rank 0 hosts the TcpStore, which admits this job's
+  /// ranks only; then the transport connects every pair. Collective.
   static std::unique_ptr<Communicator> from_env(TransportKind kind, const CommunicatorOptions& options = {});
 
   /// Over a store the caller already shares with the other ranks (e.g.
   /// torch.distributed's): the transport rendezvous under options.prefix.
+  /// Values are tagged with GRADZIP_JOB_TOKEN when set, else with a key rank 0
+  /// shares through the store (comm/store/sealed_store.h; docs/comm.md says
+  /// what each guarantees).
   /// `local_rank` picks the GPU for NCCL when options.cuda_device < 0. Collective.
   static std::unique_ptr<Communicator> create(TransportKind kind, std::shared_ptr<Store> store, int rank,
                                               int world_size, int local_rank, const CommunicatorOptions& options = {});
@@ -89,6 +93,11 @@ class Communicator {
   bool broken() const { return broken_; }
 
  private:
+  // The store sealed with job_key under options.prefix, and the transport over it.
+  static std::unique_ptr<Communicator> assemble(TransportKind kind, std::shared_ptr<Store> store,
+                                                const std::string& job_key, int rank, int world_size, int local_rank,
+                                                const CommunicatorOptions& options);
+
   std::shared_ptr<Store> store_;
   std::unique_ptr<Transport> transport_;
   CommunicatorOptions options_;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "comm/nccl/nccl_check.h"
+#include "comm/peer_blob.h"
 #include "common/cuda_check.h"
 
 namespace gz {
@@ -48,6 +49,27 @@ struct NcclTransport::Impl {
   }
 };
 
+namespace {
+
+// Rank 0's unique id, framed (comm/peer_blob.h) and checked by every rank
+// before NCCL sees it: a bad one is an IoError naming rank 0.
+ncclUniqueId exchange_unique_id(Store& store, int rank, Timeout timeout) {
+  ncclUniqueId id;
+  if (rank == 0) {
+    GZ_NCCL_CHECK(ncclGetUniqueId(&id));
+    const std::string_view bytes(reinterpret_cast<const char*>(&id), sizeof id);
+    store.set("nccl/id", frame_peer_blob(kNcclIdMagic, 0, bytes));
+  }
+  const std::string got =
+      parse_peer_blob(kNcclIdMagic, 0, sizeof id, store.get("nccl/id", timeout), "NCCL unique id", rank);
+  if (got.size() != sizeof id)
+    GZ_THROW(IoError, "rank ", rank, ": the NCCL unique id of rank 0 has ", got.size(), " bytes, not ", sizeof id);
+  std::memcpy(&id, got.data(), sizeof id);
+  return id;
+}
+
+}  // namespace
+
 int NcclTransport::device_count() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -63,14 +85,7 @@ NcclTransport::NcclTransport(Store& store, int rank, int size, int cuda_device, 
   impl_->rank = rank;
   GZ_CUDA_CHECK(cudaSetDevice(cuda_device));
 
-  ncclUniqueId id;
-  if (rank == 0) {
-    GZ_NCCL_CHECK(ncclGetUniqueId(&id));
-    store.set("nccl/id", std::string_view(reinterpret_cast<const char*>(&id), sizeof id));
-  }
-  const std::string got = store.get("nccl/id", timeout);
-  if (got.size() != sizeof id) GZ_THROW(IoError, "nccl: the unique id in the store has ", got.size(), " bytes");
-  std::memcpy(&id, got.data(), sizeof id);
+  const ncclUniqueId id = exchange_unique_id(store, rank, timeout);
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;

@@ -50,4 +50,9 @@ std::int64_t HashStore::do_add(const std::string& key, std::int64_t delta) {
   return v;
 }
 
+void HashStore::do_erase(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mu_);
+  for (const auto& k : keys) data_.erase(k);
+}
+
 }  // namespace gz

@@ -14,11 +14,18 @@ class HashStore final : public Store {
  public:
   using Store::Store;
 
+  /// Keys held (tests check that erased keys are gone).
+  std::size_t size() {
+    std::lock_guard lock(mu_);
+    return data_.size();
+  }
+
  protected:
   void do_set(const std::string& key, std::string_view value) override;
   std::string do_get(const std::string& key) override;
   void do_wait(const std::vector<std::string>& keys, Timeout timeout) override;
   std::int64_t do_add(const std::string& key, std::int64_t delta) override;
+  void do_erase(const std::vector<std::string>& keys) override;
 
  private:
   std::mutex mu_;

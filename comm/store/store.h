@@ -6,6 +6,7 @@
 //   get(key[, timeout])    wait for key, return its value
 //   wait(keys[, timeout])  wait until every key exists
 //   add(key, delta)        atomic counter (a missing key counts as 0)
+//   erase(keys)            delete keys (missing ones are ignored)
 //
 // Every wait has a timeout (timeout(), default default_timeout()); when it
 // passes, IoError lists the keys still missing. Implementations:
@@ -42,6 +43,10 @@ class Store {
   void wait(const std::vector<std::string>& keys, Timeout timeout) { do_wait(keys, timeout); }
   /// Adds delta to the counter at key (created as 0), returns the new value.
   std::int64_t add(const std::string& key, std::int64_t delta) { return do_add(key, delta); }
+  /// Deletes the keys that exist; the others are ignored.
+  void erase(const std::vector<std::string>& keys) {
+    if (!keys.empty()) do_erase(keys);
+  }
 
   Timeout timeout() const { return timeout_; }
   void set_timeout(Timeout t) { timeout_ = t; }
@@ -52,6 +57,7 @@ class Store {
   virtual std::string do_get(const std::string& key) = 0;
   virtual void do_wait(const std::vector<std::string>& keys, Timeout timeout) = 0;
   virtual std::int64_t do_add(const std::string& key, std::int64_t delta) = 0;
+  virtual void do_erase(const std::vector<std::string>& keys) = 0;
 
  private:
   Timeout timeout_;

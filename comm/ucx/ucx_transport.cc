@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "comm/ucx/ucx_address.h"
 #include "comm/ucx/ucx_check.h"
 #include "common/workspace.h"
 #if GZ_HAVE_CUDA
@@ -164,27 +165,19 @@ UcxTransport::UcxTransport(Store& store, int rank, int size, Timeout timeout)
   GZ_UCX_CHECK(ucp_worker_create(m.context, &wp, &m.worker));
   if (!m.busy_poll && ucp_worker_get_efd(m.worker, &m.efd) != UCS_OK) m.efd = -1;
 
-  // Publish this worker's address; read everyone's.
-  ucp_address_t* addr = nullptr;
-  std::size_t addr_len = 0;
-  GZ_UCX_CHECK(ucp_worker_get_address(m.worker, &addr, &addr_len));
-  store.set("ucx/addr/" + std::to_string(rank), std::string_view(reinterpret_cast<const char*>(addr), addr_len));
-  ucp_worker_release_address(m.worker, addr);
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back("ucx/addr/" + std::to_string(r));
-  store.wait(keys, timeout);
+  // Every rank's worker address, checked before UCX sees it (ucx_address.h).
+  const std::vector<std::string> remote = exchange_worker_addresses(store, m.worker, rank, size, timeout);
 
   m.eps.assign(static_cast<std::size_t>(size), nullptr);
   m.peer_status.assign(static_cast<std::size_t>(size), UCS_OK);
   m.slots.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
-    const std::string remote = store.get(keys[static_cast<std::size_t>(r)], timeout);
     m.slots[static_cast<std::size_t>(r)] = {&m, r};
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
+    ep.address = reinterpret_cast<const ucp_address_t*>(remote[static_cast<std::size_t>(r)].data());
     // peer: a dead peer fails its requests (see peer_error_mode).
     ep.err_mode = m.peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep.err_handler.cb = &Impl::on_ep_error;

@@ -87,6 +87,13 @@ def move_like(x: Any, like: Any) -> Any:
     return np.array(x, dtype=np.float32, copy=True)
 
 
+def all_finite(x: Any) -> bool:
+    """Whether every value of x (numpy or torch, any device) is finite."""
+    if is_torch(x):
+        return bool(_torch().isfinite(x).all())
+    return bool(np.isfinite(np.asarray(x)).all())
+
+
 def copy_of(x: Any) -> Any:
     if is_torch(x):
         return x.detach().clone()

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _arrays
 from ._core import Codec as _CoreCodec
-from ._core import InvalidArgument, payload_info
+from ._core import InvalidArgument, PayloadError, payload_info
 
 __all__ = ["Codec", "ErrorFeedback"]
 
@@ -79,6 +79,11 @@ class ErrorFeedback:
             return
         if not isinstance(n, int) or residual is None or _arrays.numel(residual) != n:
             raise InvalidArgument("ErrorFeedback state_dict is inconsistent: 'n' does not match the residual")
+        if not isinstance(spec, str):
+            raise InvalidArgument(f"ErrorFeedback state_dict: 'codec' must be a spec string, got {type(spec).__name__}")
+        if not _arrays.all_finite(residual):
+            # One NaN would reach every rank's result through the next payload.
+            raise InvalidArgument("ErrorFeedback state_dict: the residual holds NaN or infinite values")
         if self.bound and (spec != self._spec or n != self._n):
             raise InvalidArgument(
                 f"state is bound to {self._n} elements of '{self._spec}' but the state_dict holds {n} "
@@ -199,16 +204,34 @@ class Codec(_CoreCodec):
                     workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=out.device)
             self.decode_accumulate_into(payload, out, stream=stream, workspace=workspace)
 
-    def decode(self, payload: Any, n: Optional[int] = None) -> Any:
-        """Returns the decoded payload as a new float32 array (in the payload's
-        framework and device). n is read from a host payload's header when omitted;
-        CUDA payloads need it."""
+    def decode(self, payload: Any, n: Optional[int] = None, *, max_n: Optional[int] = None) -> Any:
+        """Returns the decoded payload as a new float32 array of n elements (in the
+        payload's framework and on its device).
+
+        The array is allocated before the payload is decoded, so its size comes
+        from the caller, never from the payload alone: pass ``n`` (the element
+        count; the payload must hold exactly that many), or ``max_n`` to take the
+        count from a host payload's header when it is at most ``max_n``.
+
+        Raises:
+            InvalidArgument: neither n nor max_n, or a CUDA payload without n.
+            PayloadError: the payload is malformed, claims more than max_n
+                elements, or holds another count than n.
+        """
         payload = _arrays.as_input(payload, "payload")
         if n is None:
+            if max_n is None:
+                raise InvalidArgument(
+                    "decode needs n (the element count) or max_n (the most elements to allocate for): "
+                    "a payload's header alone does not decide how much memory to allocate")
             if _arrays.is_cuda(payload):
                 raise InvalidArgument("decode of a CUDA payload needs n (the element count)")
             host = payload.cpu() if _arrays.is_torch(payload) else payload
             n = int(payload_info(host)["count"])
+            if n > max_n:
+                raise PayloadError(f"the payload claims {n} elements, more than max_n={max_n}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise InvalidArgument(f"n must be an element count (an integer >= 0), got {n!r}")
         out = _arrays.zeros_like_f32(payload, n)
         self.decode_accumulate(payload, out)
         return out

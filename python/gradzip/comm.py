@@ -29,10 +29,13 @@ class AllreduceState(_core.AllreduceState):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise InvalidArgument(f"not an AllreduceState state_dict (version {_STATE_VERSION})")
-        if state["data"] is None:
+        data = state.get("data")
+        if data is None:
             self.reset()
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            self.restore(bytes(data))  # checksum, limits and finite residuals are checked in C++
         else:
-            self.restore(bytes(state["data"]))
+            raise InvalidArgument(f"AllreduceState state_dict: 'data' must be bytes, got {type(data).__name__}")
 
     @property
     def residual(self) -> None:  # the residuals live in C++; see save()

@@ -21,11 +21,20 @@
 #include "codec_handle.h"
 #include "common/error.h"
 #include "compressors/codec.h"
+#include "compressors/wire_format.h"
 
 namespace nb = nanobind;
 
 namespace gzpy {
 namespace {
+
+// An element count from Python, before any size arithmetic on it (4 * 2^62
+// bytes would wrap around).
+std::size_t checked_count(std::size_t n) {
+  if (n > gz::wire::kMaxCount)
+    GZ_THROW(gz::InvalidArgument, n, " elements is over the wire format's limit of ", gz::wire::kMaxCount);
+  return n;
+}
 
 gz::Device parse_device(std::string_view d) {
   if (d == "cpu") return gz::Device::Cpu;
@@ -113,11 +122,12 @@ void bind_codec(nb::module_& m) {
                    },
                    "True when every payload of n elements has exactly max_payload_bytes(n) bytes\n"
                    "(all codecs but topk with select=sample, whose size varies per call).")
-      .def("max_payload_bytes", [](const CodecHandle& c, std::size_t n) { return c.codec().max_payload_bytes(n); },
+      .def("max_payload_bytes",
+           [](const CodecHandle& c, std::size_t n) { return c.codec().max_payload_bytes(checked_count(n)); },
            nb::arg("n"), "Payload bytes (header included) for n elements: exact, or the upper bound when not fixed_size.")
       .def("workspace_bytes",
            [](const CodecHandle& c, std::size_t n, std::string_view device) {
-             return c.codec().workspace_bytes(n, parse_device(device));
+             return c.codec().workspace_bytes(checked_count(n), parse_device(device));
            },
            nb::arg("n"), nb::arg("device") = "cpu",
            "Scratch bytes an encode or decode of n elements needs on device ('cpu' or 'cuda').")

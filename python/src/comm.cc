@@ -7,6 +7,7 @@
 // takes it back only for its own calls.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -22,6 +23,7 @@
 #include "arrays.h"
 #include "bindings.h"
 #include "codec_handle.h"
+#include "comm/agreement.h"
 #include "comm/allreduce.h"
 #include "comm/communicator.h"
 #include "common/error.h"
@@ -40,7 +42,7 @@ gz::Timeout to_timeout(std::optional<double> seconds) {
 
 // A Store whose operations call a Python object with torch.distributed.Store's
 // methods: set(key, bytes), get(key) -> bytes, wait(keys, timedelta), add(key, int),
-// check(keys) -> bool.
+// check(keys) -> bool, and delete_key(key) when it has one.
 // Python exceptions (torch's store timeout among them) become IoError.
 class PyStore final : public gz::Store {
  public:
@@ -90,6 +92,12 @@ class PyStore final : public gz::Store {
     std::int64_t out = 0;
     call("add", key, [&] { out = nb::cast<std::int64_t>(store_.attr("add")(key, delta)); });
     return out;
+  }
+  void do_erase(const std::vector<std::string>& keys) override {
+    call("delete_key", gz::join_keys(keys), [&] {
+      if (!nb::hasattr(store_, "delete_key")) return;  // such a store keeps what the ranks agreed on
+      for (const auto& k : keys) store_.attr("delete_key")(k);
+    });
   }
 
  private:
@@ -279,6 +287,12 @@ void bind_comm(nb::module_& m) {
            },
            "Releases the transport; waits up to 10 s for the other ranks to close too.");
 
+  m.def("_describe_disagreement",
+        [](const std::vector<gz::Fields>& all) { return gz::describe_disagreement(all); }, nb::arg("fields_by_rank"),
+        "The agreement's mismatch report for every rank's (name, value) fields; '' when all agree\n"
+        "(the DDP hook's agreement reports with it).");
+  m.def("_default_timeout_s", [] { return static_cast<double>(gz::default_timeout().count()) / 1000.0; },
+        "GRADZIP_TIMEOUT_S in seconds (default 60), as the communicator reads it.");
   m.def("transport_available", [](std::string_view t) { return gz::transport_available(gz::parse_transport_kind(t)); },
         nb::arg("transport"), "Whether this build has the transport ('ucx' or 'nccl').");
 }

@@ -9,6 +9,7 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "common/checksum.h"
 #include "common/error.h"
 #include "compressors/spec.h"
 #include "compressors/wire_format.h"
@@ -36,6 +37,21 @@ PyObject* add_exception(nb::module_& m, const char* name, const char* doc, PyObj
   return type;
 }
 
+// Raises `type` with the message. A message may quote bytes from outside (a
+// peer's value, a file): decoded with backslash escapes for what is not
+// UTF-8, so the caller gets the gradzip error, never a UnicodeDecodeError.
+void set_error(PyObject* type, const std::exception& e) {
+  const std::string_view m = e.what();
+  PyObject* msg = PyUnicode_DecodeUTF8(m.data(), static_cast<Py_ssize_t>(m.size()), "backslashreplace");
+  if (!msg) {
+    PyErr_Clear();
+    PyErr_SetString(type, "(a gradzip error whose message could not be decoded)");
+    return;
+  }
+  PyErr_SetObject(type, msg);
+  Py_DECREF(msg);
+}
+
 void register_exceptions(nb::module_& m) {
   g_error = add_exception(m, "GradzipError", "Base class of every error gradzip raises.", PyExc_Exception);
   nb::object invalid_bases = nb::make_tuple(nb::handle(g_error), nb::handle(PyExc_ValueError));
@@ -59,15 +75,15 @@ void register_exceptions(nb::module_& m) {
     try {
       std::rethrow_exception(p);
     } catch (const gz::PayloadError& e) {
-      PyErr_SetString(g_payload, e.what());
+      set_error(g_payload, e);
     } catch (const gz::InvalidArgument& e) {
-      PyErr_SetString(g_invalid, e.what());
+      set_error(g_invalid, e);
     } catch (const gz::IoError& e) {
-      PyErr_SetString(g_io, e.what());
+      set_error(g_io, e);
     } catch (const gz::CudaError& e) {
-      PyErr_SetString(g_cuda, e.what());
+      set_error(g_cuda, e);
     } catch (const gz::Error& e) {
-      PyErr_SetString(g_error, e.what());
+      set_error(g_error, e);
     }
   });
 }
@@ -139,6 +155,9 @@ NB_MODULE(_core, m) {
   m.def("expand_spec_grid", &gz::expand_spec_grid, nb::arg("grid"),
         "Expands a sweep grid: 'topk:density=0.1,0.01,onebit:block=256,1024' -> "
         "['topk:density=0.1', 'topk:density=0.01', 'onebit:block=256', 'onebit:block=1024'].");
+  m.def("_checksum64",
+        [](nb::bytes data) { return gz::checksum64(std::string_view(static_cast<const char*>(data.data()), data.size())); },
+        nb::arg("data"), "The checksum saved states end with (common/checksum.h); for tests that edit them.");
   m.def("payload_info", &gzpy::payload_info, nb::arg("payload").noconvert(),
         nb::sig("def payload_info(payload: object) -> dict"),
         "Reads and validates the header of a host payload (a uint8 array).\n\n"

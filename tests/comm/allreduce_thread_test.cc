@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <limits>
 #include <mutex>
 
 #include "comm/agreement.h"
 #include "comm/allreduce.h"
+#include "common/bytes.h"
+#include "common/checksum.h"
 #include "tests/comm/reference.h"
 #include "tests/comm/thread_transport.h"
 
@@ -279,6 +282,47 @@ TEST(AllreduceState, SaveRestoreContinuesBitIdentically) {
   }
 }
 
+// Saved bytes changed after the fact: the checksum catches damage; with the
+// checksum made right again (a deliberate edit), every field is still
+// checked: non-finite residuals, n = 2^62, a world of 2^32-1, a non-ASCII
+// spec, an old version. Each is a clear InvalidArgument, never a
+// length_error or an abort.
+void expect_damaged_states_refused(const std::string& saved) {
+  // Offsets in the fp16 state (n = 64, allgather): see allreduce_state.cc.
+  const std::size_t spec_len = 4, spec = 12, n_at = spec + spec_len, world_at = n_at + 12;
+  ASSERT_EQ(saved.substr(spec, spec_len), "fp16");
+  const std::size_t residuals = world_at + 4 + 1 + 16;
+  auto resum = [](std::string s) {
+    s.resize(s.size() - 8);
+    bytes::Writer(s).put(checksum64(s));
+    return s;
+  };
+  auto refused = [](const std::string& bytes, const std::string& word) {
+    try {
+      AllreduceState().restore(bytes);
+      return std::string("(accepted)");
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      return m.find(word) != std::string::npos ? std::string() : m;
+    }
+  };
+  auto with = [&](std::size_t at, const void* value, std::size_t size, bool fix_sum) {
+    std::string s = saved;
+    s.replace(at, size, static_cast<const char*>(value), size);
+    return fix_sum ? resum(s) : s;
+  };
+  const float big = 3e38f, nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::uint64_t huge_n = std::uint64_t{1} << 62;
+  const std::uint32_t huge_world = 0xFFFFFFFFu, old_version = 1;
+  EXPECT_EQ(refused(with(residuals + 8, &big, 4, false), "checksum"), "");
+  EXPECT_EQ(refused(with(residuals + 8, &nan, 4, true), "not finite"), "");
+  EXPECT_EQ(refused(with(residuals, &inf, 4, true), "not finite"), "");
+  EXPECT_EQ(refused(with(n_at, &huge_n, 8, true), "over the format's limit"), "");
+  EXPECT_EQ(refused(with(world_at, &huge_world, 4, true), "world size"), "");
+  EXPECT_EQ(refused(with(spec, "fp\xff" "6", 4, true), "printable"), "");
+  EXPECT_EQ(refused(with(4, &old_version, 4, false), "version 1"), "");
+}
+
 TEST(AllreduceState, RejectsMismatchedOrMalformedRestores) {
   const auto errors = run_threads(2, [&](int r, Transport& t, Store& store) {
     auto codec = make_codec("fp16");
@@ -300,6 +344,7 @@ TEST(AllreduceState, RejectsMismatchedOrMalformedRestores) {
     EXPECT_THROW(AllreduceState().restore(saved.substr(0, saved.size() - 1)), InvalidArgument);
     EXPECT_THROW(AllreduceState().restore("garbage"), InvalidArgument);
     EXPECT_THROW(AllreduceState().save(), InvalidArgument);
+    expect_damaged_states_refused(saved);
 
     // A restored state used for another call shape is refused locally.
     AllreduceState restored;

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   const std::string kind = argc > 1 ? argv[1] : "ucx";
   try {
     const gz::RankInfo info = gz::rank_info_from_env();
-    auto tcp = std::make_shared<gz::TcpStore>(info.master_addr, info.master_port, info.rank == 0);
+    auto tcp = gz::TcpStore::from_env();
     auto host_store = std::make_shared<gz::PrefixStore>("host", tcp);
     auto dev_store = std::make_shared<gz::PrefixStore>("dev", tcp);
     gz::Communicator host(host_store, std::make_unique<gz::UcxTransport>(*host_store, info.rank, info.world_size));

@@ -11,6 +11,7 @@
 #include <exception>
 #include <sstream>
 
+#include "comm/crypto.h"
 #include "comm/store/socket.h"
 #include "common/error.h"
 
@@ -19,12 +20,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int free_port() {
-  net::Fd l = net::listen_tcp("127.0.0.1", 0);
-  return net::bound_port(l.get());
-}
-
-[[noreturn]] void child(int rank, int P, int port, int out_fd, const MpOptions& o, const std::function<int(int)>& body) {
+[[noreturn]] void child(int rank, int P, int port, const std::string& token, int out_fd, const MpOptions& o,
+                        const std::function<int(int)>& body) {
   ::dup2(out_fd, 1);
   ::dup2(out_fd, 2);
   ::close(out_fd);
@@ -35,6 +32,7 @@ int free_port() {
   setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
   setenv("WORLD_SIZE", std::to_string(P).c_str(), 1);
   setenv("LOCAL_WORLD_SIZE", std::to_string(P).c_str(), 1);
+  setenv("GRADZIP_JOB_TOKEN", token.c_str(), 1);
   for (const auto& [k, v] : o.env) setenv(k.c_str(), v.c_str(), 1);
   int code = kOtherError;
   try {
@@ -56,37 +54,62 @@ int free_port() {
 
 }  // namespace
 
+int free_port() {
+  net::Fd l = net::listen_tcp("127.0.0.1", 0);
+  return net::bound_port(l.get());
+}
+
 std::vector<RankOutcome> run_ranks(int P, const std::function<int(int)>& body, const MpOptions& o) {
-  const int port = free_port();
+  return run_jobs({MpJob{P, body, o}})[0];
+}
+
+std::vector<std::vector<RankOutcome>> run_jobs(const std::vector<MpJob>& jobs) {
+  const int shared_port = free_port();
   std::fflush(stdout);
   std::fflush(stderr);
-  std::vector<RankOutcome> out(static_cast<std::size_t>(P));
-  std::vector<pid_t> pids(static_cast<std::size_t>(P), -1);
-  std::vector<int> fds(static_cast<std::size_t>(P), -1);
+  // Every rank of every job, flattened.
+  struct Slot {
+    std::size_t job;
+    int rank;
+  };
+  std::vector<Slot> slots;
+  std::vector<std::vector<RankOutcome>> out(jobs.size());
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    out[j].resize(static_cast<std::size_t>(jobs[j].ranks));
+    for (int r = 0; r < jobs[j].ranks; ++r) slots.push_back({j, r});
+  }
+  const std::size_t N = slots.size();
+  std::vector<pid_t> pids(N, -1);
+  std::vector<int> fds(N, -1);
+  auto outcome = [&](std::size_t i) -> RankOutcome& { return out[slots[i].job][static_cast<std::size_t>(slots[i].rank)]; };
   const auto start = Clock::now();
-  for (int r = 0; r < P; ++r) {
+  std::vector<std::string> tokens(jobs.size());
+  for (auto& t : tokens) t = crypto::to_hex(crypto::random_bytes(16));
+  for (std::size_t i = 0; i < N; ++i) {
+    const MpJob& job = jobs[slots[i].job];
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) GZ_THROW(IoError, "pipe failed");
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::close(p[0]);
-      child(r, P, port, p[1], o, body);
+      child(slots[i].rank, job.ranks, job.options.port ? job.options.port : shared_port, tokens[slots[i].job], p[1],
+            job.options, job.body);
     }
     ::close(p[1]);
-    pids[static_cast<std::size_t>(r)] = pid;
-    fds[static_cast<std::size_t>(r)] = p[0];
-    out[static_cast<std::size_t>(r)].rank = r;
+    pids[i] = pid;
+    fds[i] = p[0];
+    outcome(i).rank = slots[i].rank;
   }
-  const auto deadline = start + o.limit;
-  int alive = P;
+  const auto deadline = start + jobs[0].options.limit;
+  std::size_t alive = N;
   while (alive > 0) {
     std::vector<pollfd> pf;
     for (int fd : fds)
       if (fd >= 0) pf.push_back({fd, POLLIN, 0});
     if (!pf.empty()) ::poll(pf.data(), pf.size(), 20);
     else ::usleep(20000);
-    for (int r = 0; r < P; ++r) {
-      int& fd = fds[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < N; ++i) {
+      int& fd = fds[i];
       if (fd < 0) continue;
       pollfd one{fd, POLLIN, 0};
       while (::poll(&one, 1, 0) > 0) {
@@ -97,15 +120,15 @@ std::vector<RankOutcome> run_ranks(int P, const std::function<int(int)>& body, c
           fd = -1;
           break;
         }
-        out[static_cast<std::size_t>(r)].output.append(buf, static_cast<std::size_t>(n));
+        outcome(i).output.append(buf, static_cast<std::size_t>(n));
       }
     }
-    for (int r = 0; r < P; ++r) {
-      pid_t& pid = pids[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < N; ++i) {
+      pid_t& pid = pids[i];
       if (pid < 0) continue;
       int status = 0;
       if (::waitpid(pid, &status, WNOHANG) != pid) continue;
-      auto& oc = out[static_cast<std::size_t>(r)];
+      auto& oc = outcome(i);
       oc.seconds = std::chrono::duration<double>(Clock::now() - start).count();
       if (WIFEXITED(status)) oc.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) oc.signal = WTERMSIG(status);
@@ -113,27 +136,27 @@ std::vector<RankOutcome> run_ranks(int P, const std::function<int(int)>& body, c
       --alive;
     }
     if (Clock::now() > deadline) {
-      for (int r = 0; r < P; ++r) {
-        if (pids[static_cast<std::size_t>(r)] < 0) continue;
-        ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
-        ::waitpid(pids[static_cast<std::size_t>(r)], nullptr, 0);
-        out[static_cast<std::size_t>(r)].timed_out = true;
-        out[static_cast<std::size_t>(r)].signal = SIGKILL;
-        pids[static_cast<std::size_t>(r)] = -1;
+      for (std::size_t i = 0; i < N; ++i) {
+        if (pids[i] < 0) continue;
+        ::kill(pids[i], SIGKILL);
+        ::waitpid(pids[i], nullptr, 0);
+        outcome(i).timed_out = true;
+        outcome(i).signal = SIGKILL;
+        pids[i] = -1;
       }
       alive = 0;
     }
   }
   // What the ranks wrote just before exiting may still sit in the pipes.
-  for (int r = 0; r < P; ++r) {
-    int& fd = fds[static_cast<std::size_t>(r)];
+  for (std::size_t i = 0; i < N; ++i) {
+    int& fd = fds[i];
     if (fd < 0) continue;
     pollfd one{fd, POLLIN, 0};
     while (::poll(&one, 1, 1000) > 0) {
       char buf[4096];
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n <= 0) break;
-      out[static_cast<std::size_t>(r)].output.append(buf, static_cast<std::size_t>(n));
+      outcome(i).output.append(buf, static_cast<std::size_t>(n));
     }
     ::close(fd);
     fd = -1;

@@ -34,11 +34,27 @@ struct RankOutcome {
 
 struct MpOptions {
   std::chrono::milliseconds limit{60000};  ///< kill everything after this
-  std::map<std::string, std::string> env;  ///< extra variables for every rank
+  std::map<std::string, std::string> env;  ///< extra variables for every rank (GRADZIP_JOB_TOKEN: a new
+                                           ///< random one per job unless given here, as gradzip-run does)
+  int port = 0;                            ///< MASTER_PORT (0: a free one)
 };
 
 /// Forks P ranks running body(rank); waits for all (bounded); returns outcomes.
 std::vector<RankOutcome> run_ranks(int P, const std::function<int(int)>& body, const MpOptions& options = {});
+
+/// One job of run_jobs.
+struct MpJob {
+  int ranks = 1;
+  std::function<int(int)> body;
+  MpOptions options;
+};
+
+/// Several jobs at once (e.g. two on one MASTER_PORT); each its own token.
+/// The time limit is the first job's. Returns each job's outcomes.
+std::vector<std::vector<RankOutcome>> run_jobs(const std::vector<MpJob>& jobs);
+
+/// A free TCP port on 127.0.0.1.
+int free_port();
 
 /// A readable report of every rank (for failure messages).
 std::string describe(const std::vector<RankOutcome>& outcomes);

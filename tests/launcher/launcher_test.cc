@@ -1,10 +1,19 @@
-// gradzip-run: environment, prefixed output, and stopping the job when a rank fails.
+// gradzip-run: environment, prefixed output, stopping the job when a rank
+// fails, the job's token, and no orphans when the launcher is killed.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -54,6 +63,90 @@ TEST(Launcher, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
   EXPECT_LT(r.seconds, 10) << r.output;
   EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
 }
+
+std::vector<std::string> lines_with(const std::string& output, const std::string& tag) {
+  std::vector<std::string> found;
+  std::istringstream is(output);
+  for (std::string line; std::getline(is, line);)
+    if (const auto at = line.find(tag); at != std::string::npos) found.push_back(line.substr(at + tag.size()));
+  return found;
+}
+
+// Every job gets a random token of its own, the same on all its ranks; one
+// the user set wins.
+TEST(Launcher, GivesEveryJobItsOwnToken) {
+  const std::string cmd = "-n 3 -- sh -c 'echo \"token=$GRADZIP_JOB_TOKEN\"'";
+  const RunResult a = run(cmd), b = run(cmd);
+  const auto ta = lines_with(a.output, "token="), tb = lines_with(b.output, "token=");
+  ASSERT_EQ(ta.size(), 3u) << a.output;
+  ASSERT_EQ(tb.size(), 3u) << b.output;
+  EXPECT_EQ(std::set<std::string>(ta.begin(), ta.end()).size(), 1u) << a.output;
+  EXPECT_EQ(ta[0].size(), 32u);
+  EXPECT_NE(ta[0], tb[0]);
+  const RunResult c = run("-n 2 --env GRADZIP_JOB_TOKEN=mine-0123456789abcdef -- sh -c 'echo \"token=$GRADZIP_JOB_TOKEN\"'");
+  EXPECT_EQ(lines_with(c.output, "token="), std::vector<std::string>(2, "mine-0123456789abcdef")) << c.output;
+}
+
+// A process that is gone (or a zombie nobody reaped yet).
+bool gone(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), {});
+  if (stat.empty()) return true;
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+}
+
+// "kill -9 of gradzip-run: all 4 ranks still running 30 s later": the ranks
+// and the children they started die with it, whether the launcher alone or
+// its whole process group is killed.
+void kill_launcher_and_count_survivors(bool whole_group) {
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::setpgid(0, 0);
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    ::execl(GZ_RUN_PATH, GZ_RUN_PATH, "-n", "4", "--", "sh", "-c", "sleep 300 & echo \"pids $$ $!\"; wait",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string output;
+  std::vector<pid_t> pids;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (pids.size() < 8 && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{out[0], POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n <= 0) break;
+    output.append(buf, static_cast<std::size_t>(n));
+    pids.clear();
+    for (const auto& l : lines_with(output, "pids ")) {
+      std::istringstream is(l);
+      pid_t rank = 0, child = 0;
+      is >> rank >> child;
+      pids.push_back(rank);
+      pids.push_back(child);
+    }
+  }
+  ASSERT_EQ(pids.size(), 8u) << output;
+  ::kill(whole_group ? -launcher : launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  std::vector<pid_t> alive = pids;
+  for (int i = 0; i < 100 && !alive.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::erase_if(alive, gone);
+  }
+  for (pid_t p : alive) ::kill(p, SIGKILL);  // do not leave them behind if the test failed
+  EXPECT_TRUE(alive.empty()) << alive.size() << " of the job's 8 processes outlived the launcher by 10 s\n" << output;
+  ::close(out[0]);
+}
+
+TEST(Launcher, KillingTheLauncherKillsEveryRankAndItsChildren) { kill_launcher_and_count_survivors(false); }
+TEST(Launcher, KillingTheLaunchersGroupKillsEveryRankAndItsChildren) { kill_launcher_and_count_survivors(true); }
 
 TEST(Launcher, RejectsBadUsage) {
   EXPECT_EQ(run("").code, 2);

@@ -69,7 +69,7 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
             chunk_sum = np.zeros(count, np.float32)
             for r in range(world):
                 codec.decode_accumulate(codec.encode(grads[r][offset:offset + count].copy(), worker[r][j]), chunk_sum)
-            decoded = codec.decode(codec.encode(chunk_sum, server[j]))
+            decoded = codec.decode(codec.encode(chunk_sum, server[j]), count)
             model[offset:offset + count] = decoded * np.float32(1.0 / world)
             offset += count
         same.append(bool(np.array_equal(model, x)))

@@ -4,6 +4,8 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,8 +13,11 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+
+#include "tools/launcher/reaper.h"
 
 namespace gz::launcher {
 namespace {
@@ -60,6 +65,22 @@ struct Rank {
   int code = 0;  // exit code, or 128 + signal
 };
 
+// The job's secret (GRADZIP_JOB_TOKEN): 128 bits from the kernel, as hex.
+std::string random_token() {
+  unsigned char b[16];
+  for (std::size_t got = 0; got < sizeof b;) {
+    const ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n < 0 && errno != EINTR) throw std::runtime_error(std::string("getrandom failed: ") + std::strerror(errno));
+    if (n > 0) got += static_cast<std::size_t>(n);
+  }
+  std::string s;
+  for (unsigned char c : b) {
+    s += "0123456789abcdef"[c >> 4];
+    s += "0123456789abcdef"[c & 15];
+  }
+  return s;
+}
+
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
@@ -103,9 +124,11 @@ class SignalPipe {
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     for (int sig : kSignals) ::sigaction(sig, &sa, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);  // a write to the reaper's pipe after it died must not kill the launcher
   }
   ~SignalPipe() {
     for (int sig : kSignals) ::signal(sig, SIG_DFL);
+    ::signal(SIGPIPE, SIG_DFL);
     ::close(g_signal_pipe[0]);
     ::close(g_signal_pipe[1]);
     g_signal_pipe[0] = g_signal_pipe[1] = -1;
@@ -140,8 +163,18 @@ int launch(const LaunchOptions& o, Placement& placement) {
     return 128 + sig;
   }
 
+  // Declared after the teardown: if the launcher dies, the reaper kills the
+  // ranks' groups and undoes the placement; at a normal end it is told so
+  // (destroyed first) and the launcher's own teardown runs.
+  Reaper reaper([&placement] { placement.teardown(); });
+
   const std::string addr = placement.master_addr();
   const int port = placement.master_port(o.port);
+  // The job's own token, unless the user gave one (--env, or the environment).
+  std::map<std::string, std::string> job_env;
+  const char* user_token = std::getenv("GRADZIP_JOB_TOKEN");
+  if (!o.env.count("GRADZIP_JOB_TOKEN") && !(user_token && *user_token)) job_env["GRADZIP_JOB_TOKEN"] = random_token();
+  const pid_t launcher = ::getpid();
 
   std::vector<Rank> ranks(static_cast<std::size_t>(o.ranks));
   for (int r = 0; r < o.ranks; ++r) {
@@ -152,8 +185,13 @@ int launch(const LaunchOptions& o, Placement& placement) {
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
+      // Dies with the launcher, SIGKILL included; if the launcher is already
+      // gone (it died before this line), do not start at all.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(128 + SIGKILL);
       ::setpgid(0, 0);  // its own group: signals reach the rank's children too
       for (int sig : SignalPipe::kSignals) ::signal(sig, SIG_DFL);
+      ::signal(SIGPIPE, SIG_DFL);
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
       const std::map<std::string, std::string> vars = {
@@ -165,6 +203,7 @@ int launch(const LaunchOptions& o, Placement& placement) {
           {"LOCAL_WORLD_SIZE", std::to_string(o.ranks)},
       };
       for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+      for (const auto& [k, v] : job_env) ::setenv(k.c_str(), v.c_str(), 1);
       for (const auto& [k, v] : rank_env) ::setenv(k.c_str(), v.c_str(), 1);
       for (const auto& [k, v] : o.env) ::setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
@@ -175,6 +214,7 @@ int launch(const LaunchOptions& o, Placement& placement) {
       ::_exit(127);
     }
     ::setpgid(pid, pid);  // also here: no race with the child's own call
+    reaper.started(pid);
     ::close(out[1]);
     ::close(err[1]);
     auto& rk = ranks[static_cast<std::size_t>(r)];
@@ -253,6 +293,7 @@ int launch(const LaunchOptions& o, Placement& placement) {
       --running;
       rk.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
       ::kill(-rk.pid, SIGKILL);  // anything the rank left behind in its group
+      reaper.reaped(rk.pid);
       if (rk.code != 0 && !stopping) {
         std::fprintf(stderr, "gradzip-run: rank %zu %s; stopping the other ranks\n", r, describe_status(status).c_str());
         result = rk.code;

@@ -1,8 +1,11 @@
-// gradzip-run: starts N ranks of a command with the torchrun environment,
+// gradzip-run: starts N ranks of a command with the torchrun environment and
+// a GRADZIP_JOB_TOKEN of their own (random per job, unless the user set one),
 // relays their output line by line with a "[rank] " prefix, and ends the job
 // as one: when a rank fails, the others get SIGTERM, then SIGKILL after a
 // grace period, and the launcher exits non-zero; SIGINT/SIGTERM sent to the
-// launcher are forwarded to every rank.
+// launcher are forwarded to every rank. No rank outlives the launcher, even
+// one killed with SIGKILL: each rank has PR_SET_PDEATHSIG, and the reaper
+// (reaper.h) kills the ranks' process groups.
 //
 // Where ranks run is a Placement: LocalPlacement runs them as plain local
 // processes on 127.0.0.1; NetnsPlacement (netns_placement.h, --link

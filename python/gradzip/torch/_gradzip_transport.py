@@ -4,7 +4,9 @@ own compressed allreduce (gradzip.Communicator), on one worker thread.
 Ordering: the hook submits the buckets to a single worker thread in DDP's
 bucket order, so every rank runs its collectives in the same order; the hook
 returns at once (the exchange overlaps the rest of the backward pass), and
-nothing is ever started from a future's callback. One communicator per hook
+nothing is ever started from a future's callback. The hook call of the last
+bucket waits for the step's exchanges (DDP would wait for them next anyway),
+so a failure is raised there, with its gradzip type. One communicator per hook
 state, so two models' hooks never interleave on one transport.
 """
 
@@ -42,6 +44,7 @@ class _Worker:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradzip-hook")
         self.lock = threading.Lock()  # guards the state's byte counts
         self._streams: dict = {}
+        self._step_jobs: List[concurrent.futures.Future] = []
 
     def stream(self, device: torch.device) -> "torch.cuda.Stream":
         """The worker's CUDA stream on `device` (used from the worker thread only)."""
@@ -51,10 +54,17 @@ class _Worker:
         return s
 
     def submit(self, job: Any) -> None:
-        self._pool.submit(job)
+        self._step_jobs.append(self._pool.submit(job))
+
+    def finish_step(self) -> None:
+        """Waits for this step's jobs; re-raises the first failure with its
+        own type (a gradzip.IoError stays one)."""
+        jobs, self._step_jobs = self._step_jobs, []
+        for j in jobs:
+            j.result()
 
 
-def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor) -> torch.futures.Future:
+def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -> torch.futures.Future:
     from .hook import _segment_inputs
 
     inputs = _segment_inputs(plan, buffer)
@@ -86,11 +96,23 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor) -> torch.futu
                 with worker.lock:
                     state._count(buffer.numel() * 4, _payload_bytes(codec, parts), sent)
                 fut.set_result(buffer)
-        except BaseException as e:  # the future carries it to DDP
+        except BaseException as e:  # the future carries it to DDP, and finish_step to the last hook call
             fut.set_exception(e)
+            raise
 
     worker.submit(job)
-    return fut
+    if last:
+        # DDP waits for every bucket right after the last one is handed in, so
+        # waiting here costs no overlap; and an error raised here, in the
+        # hook, reaches backward() with its gradzip type (through the future
+        # DDP would turn it into a RuntimeError).
+        worker.finish_step()
+    # DDP reads the value of the future it gets in C++ as a tensor: a future
+    # holding an exception object (set_exception) would surface as "Unable to
+    # cast ... to Tensor". Waiting on it inside then() raises the exception
+    # there, which torch stores as the chained future's error, and DDP's
+    # backward re-raises it with its gradzip type.
+    return fut.then(lambda f: f.wait())
 
 
 def _payload_bytes(codec: Any, parts: List[Any]) -> int:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..codec import Codec, ErrorFeedback
-from . import _layout
+from . import _agreement, _layout
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -76,6 +76,7 @@ class CompressionState:
         "_step",
         "_comm",
         "_worker",
+        "_agreed",
         # Statistics (totals since construction or the restored checkpoint).
         "_stats",
     )
@@ -113,6 +114,7 @@ class CompressionState:
         self._step = 0
         self._comm = None
         self._worker = None
+        self._agreed = False
         self._stats = _new_stats()
         if transport == "gradzip":
             from . import _gradzip_transport
@@ -188,13 +190,17 @@ class CompressionState:
                           ("world_size", self._world_size)):
             if state.get(key) != mine:
                 raise ValueError(f"the state_dict was saved with {key}={state.get(key)!r}, this state has {mine!r}")
+        step = state.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"the state_dict's step must be an integer >= 0, got {step!r}")
         segments = []
         for entry in state["segments"]:
-            ef = self._new_ef()
+            ef = self._new_ef()  # its load_state_dict checks the residuals (finite, checksummed bytes)
             ef.load_state_dict(entry["ef"])
             segments.append(_layout.Segment(entry["keys"], entry["numels"], ef))
         self._tracker.restore([tuple(s) for s in state["shapes"]], segments)
         self._step = int(state["step"])
+        self._agreed = False  # the ranks check again that all of them restored
         self._stats = _new_stats()
         self._stats.update(state.get("stats", {}))
 
@@ -249,6 +255,10 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     """DDP communication hook: average the bucket's gradients across ranks,
     sending gradzip-compressed payloads.
 
+    0. On the first call only, before any branch: check that every rank's
+       hook has the same settings (codec, warm-up, step, transport, bucket
+       layout; see ``_agreement.py``). A mismatch raises
+       :class:`gradzip.InvalidArgument` on every rank instead of a hang.
     1. Before ``state.warmup_steps`` (and always for the ``none`` codec):
        divide by the world size and allreduce the fp32 bucket, as DDP does.
     2. Otherwise encode the bucket with error feedback (one residual per
@@ -278,6 +288,9 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         raise ValueError(
             f"gradzip compresses float32 gradients; this bucket is {buffer.dtype} (keep the parameters "
             f"in float32, e.g. with autocast, or use torch's fp16/bf16 hooks)")
+    if not state._agreed:  # first call: every rank checks the others' settings before taking a branch
+        _agreement.check(state, bucket)
+        state._agreed = True
     plan = state._tracker.plan(bucket.index(), bucket.parameters(), buffer.numel(), state._make_ef)
     if state._dense or state._step < state.warmup_steps:
         fut = _allreduce_dense(state, buffer)
@@ -286,7 +299,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     else:
         from . import _gradzip_transport
 
-        fut = _gradzip_transport.exchange(state, plan, buffer)
+        fut = _gradzip_transport.exchange(state, plan, buffer, bucket.is_last())
     if bucket.is_last():
         state._tracker.end_step()
         state._step += 1
