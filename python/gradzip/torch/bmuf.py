@@ -85,8 +85,8 @@ class BlockMomentum:
         overlap: start each block's exchange in the background and go on
             with the next block's local steps at once. The average goes
             through the filter one block late; meanwhile each rank starts the
-            next block from the agreed start plus its own update. Costs two
-            model copies more. Default False.
+            next block from the agreed start plus its own update. Costs one
+            model copy more. Default False.
         communicator: a :class:`gradzip.Communicator`; by default one is made
             with ``Communicator.from_torch(process_group)``.
         process_group: the torch group whose ranks train together (default
@@ -132,13 +132,11 @@ class BlockMomentum:
         "_global",
         "_delta",
         "_local_steps",
-        # Scratch (sync): the update. Overlap: this rank's block start, the
-        # update exchanged in the background (pending: not yet applied) and a
-        # copy of this rank's own.
+        # Scratch (sync): the update. Overlap: this rank's block start and the
+        # update exchanged in the background (pending: not yet applied).
         "_update",
         "_start",
         "_in_flight",
-        "_own",
         "_pending",
         "_background",
         # Transport.
@@ -179,9 +177,9 @@ class BlockMomentum:
             raise ValueError(f"local_optimizer must be a torch.optim.Optimizer, got {type(local_optimizer).__name__}")
         params, buffers = _tensors_of(module_or_params)
         _check_optimizer_covers(local_optimizer, params)
+        self.codec = codec if isinstance(codec, Codec) else Codec(codec)
         comm, owns = _communicator(communicator, process_group)
 
-        self.codec = codec if isinstance(codec, Codec) else Codec(codec)
         self.algorithm = algorithm
         self.bucket_elements = bucket_elements
         self.local_optimizer = local_optimizer
@@ -205,13 +203,12 @@ class BlockMomentum:
         self._owns_comm = owns
         self._global = torch.empty(self._n, dtype=torch.float32, device=device)
         self._delta = torch.zeros(self._n, dtype=torch.float32, device=device)
-        # sync: W, Delta and one scratch; overlap: W, Delta, this rank's start,
-        # the update in flight and a copy of this rank's own.
+        # sync: W, Delta and one scratch; overlap: W, Delta, this rank's
+        # start and the update in flight.
         empty = lambda: torch.empty(self._n, dtype=torch.float32, device=device)  # noqa: E731
         self._update = None if overlap else empty()
         self._start = empty() if overlap else None
         self._in_flight = empty() if overlap else None
-        self._own = empty() if overlap else None
         self._pending = False
         self._background = _block_exchange.Background() if overlap else None
         self._local_steps = 0
@@ -325,7 +322,6 @@ class BlockMomentum:
             "global": self._global.clone(),
             "delta": self._delta.clone(),
             "pending": self._in_flight.clone() if self._pending else None,
-            "own": self._own.clone() if self._pending else None,
             "start": self._start.clone() if self.overlap else None,
             "local_steps": self._local_steps,
             "error_feedback": self._exchange.state_dict(),
@@ -363,7 +359,6 @@ class BlockMomentum:
             self._pending = state["pending"] is not None
             if self._pending:
                 self._in_flight.copy_(state["pending"])
-                self._own.copy_(state["own"])
             if self.overlap:
                 self._start.copy_(state["start"])
         self._local_steps = int(state["local_steps"])
@@ -424,12 +419,12 @@ class BlockMomentum:
             if drain:
                 self._count_wire(self._average(self._in_flight))
                 self._filter(self._in_flight)
+                self._start_point(self._start)
             else:
-                self._own.copy_(self._in_flight)
+                self._start_point(self._start)
+                self._start.add_(self._in_flight)  # before the exchange overwrites it with the average
                 self._pending = True
                 self._background.submit(self._average_in_flight, self._global.device)
-        if self._pending:
-            self._overlap_start_point(self._start)
         else:
             self._start_point(self._start)
         self._scatter_params(self._start)
@@ -447,12 +442,6 @@ class BlockMomentum:
             out.add_(self._global)
         else:
             out.copy_(self._global)
-
-    def _overlap_start_point(self, out: torch.Tensor) -> None:
-        """out = the start the ranks agree on so far + this rank's own update
-        of the block whose average is still in flight."""
-        self._start_point(out)
-        out.add_(self._own)
 
     def _local_update(self, out: torch.Tensor) -> None:
         """out = W_local - (this block's start)."""
