@@ -247,6 +247,34 @@ def diloco(rank: int, world: int) -> Dict[str, Any]:
     return {"worst": worst}
 
 
+def module_buffers(rank: int, world: int) -> Dict[str, Any]:
+    """A module's float32 buffers (batch norm statistics) are averaged in
+    fp32 at each block end; integer buffers stay local."""
+    def net(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 3))
+
+    model, twin = net(seed=rank), net(seed=0)
+    opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="onebit")
+    twin_opt = local_optimizer(twin)
+    train(opt, model, rank, 0, 2)
+    train(twin_opt, twin, rank, 0, 2)  # the same block, without the exchange
+
+    def stats(m: torch.nn.Module) -> np.ndarray:
+        bn = m[1]
+        return torch.cat([bn.running_mean, bn.running_var]).numpy().copy()
+
+    expected = np.zeros_like(stats(twin))
+    for local in gather(stats(twin)):
+        expected += local
+    expected *= F32(1) / F32(world)
+    out = {"averaged": bool(np.array_equal(stats(model), expected)),
+           "differed_before": not same_on_every_rank(stats(twin)),
+           "steps_tracked": int(model[1].num_batches_tracked)}
+    opt.close()
+    return out
+
+
 def misuse(rank: int, world: int) -> Dict[str, Any]:
     """Errors that need a process group: DDP, a mismatched checkpoint."""
     out: Dict[str, Any] = {}
@@ -298,4 +326,5 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
         for codec, overlap in (("onebit", False), ("onebit", True), ("topk:density=0.1,select=sample", False)):
             out[f"resume/{codec}/overlap={overlap}"] = resume(rank, world, codec, overlap)
         out["diloco"] = diloco(rank, world)
+        out["module_buffers"] = module_buffers(rank, world)
     return out

@@ -11,6 +11,7 @@ import torch
 
 import gradzip
 from dist_util import run_ranks
+from gradzip.torch import BlockMomentum
 
 pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"] or not gradzip.BUILD["ucx"],
                                 reason="this gradzip build has no UCX transport")
@@ -94,6 +95,12 @@ def test_nesterov_is_diloco_outer_sgd(three_ranks):
         assert r["worst"] < 1e-5, r
 
 
+def test_module_buffers_are_averaged_at_block_ends(three_ranks):
+    for r in every_rank(three_ranks, "module_buffers"):
+        assert r["averaged"] and r["differed_before"], r
+        assert r["steps_tracked"] == 2
+
+
 def test_misuse_needing_a_process_group(suite):
     m = suite[0]["misuse"]
     assert "DistributedDataParallel" in m["ddp"]
@@ -130,21 +137,21 @@ def _sgd(params):
 def test_bad_arguments_raise_value_error_with_a_reason(kwargs, match):
     model = _model()
     with pytest.raises(ValueError, match=match):
-        gradzip.torch.BlockMomentum(model, _sgd(model.parameters()), **kwargs)
+        BlockMomentum(model, _sgd(model.parameters()), **kwargs)
 
 
 def test_bad_models_and_optimizers_raise_value_error():
     model = _model()
     params = list(model.parameters())
     cases = [
-        (lambda: gradzip.torch.BlockMomentum(model, object()), "torch.optim.Optimizer"),
-        (lambda: gradzip.torch.BlockMomentum(params[0], _sgd(params)), "not a single tensor"),
-        (lambda: gradzip.torch.BlockMomentum(3, _sgd(params)), "nn.Module or an iterable"),
-        (lambda: gradzip.torch.BlockMomentum([], _sgd(params)), "no parameters"),
-        (lambda: gradzip.torch.BlockMomentum([{"params": params}], _sgd(params)), "not a tensor"),
-        (lambda: gradzip.torch.BlockMomentum(params + params[:1], _sgd(params)), "given twice"),
-        (lambda: gradzip.torch.BlockMomentum(params[:2], _sgd(params)), "does not synchronize"),
-        (lambda: gradzip.torch.BlockMomentum(model.double(), _sgd(model.parameters())), "float32"),
+        (lambda: BlockMomentum(model, object()), "torch.optim.Optimizer"),
+        (lambda: BlockMomentum(params[0], _sgd(params)), "not a single tensor"),
+        (lambda: BlockMomentum(3, _sgd(params)), "nn.Module or an iterable"),
+        (lambda: BlockMomentum([], _sgd(params)), "no parameters"),
+        (lambda: BlockMomentum([{"params": params}], _sgd(params)), "not a tensor"),
+        (lambda: BlockMomentum(params + params[:1], _sgd(params)), "given twice"),
+        (lambda: BlockMomentum(params[:2], _sgd(params)), "does not synchronize"),
+        (lambda: BlockMomentum(model.double(), _sgd(model.parameters())), "float32"),
     ]
     for make, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -152,10 +159,10 @@ def test_bad_models_and_optimizers_raise_value_error():
     meta = torch.nn.Parameter(torch.empty(3, device="meta"))
     cpu = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(ValueError, match="several devices"):
-        gradzip.torch.BlockMomentum([cpu, meta], _sgd([cpu, meta]))
+        BlockMomentum([cpu, meta], _sgd([cpu, meta]))
     model = _model()
     with pytest.raises(gradzip.InvalidArgument):  # a ValueError too
-        gradzip.torch.BlockMomentum(model, _sgd(model.parameters()), codec="twobit")
+        BlockMomentum(model, _sgd(model.parameters()), codec="twobit")
 
 
 def test_needs_a_communicator_or_a_process_group():
@@ -165,4 +172,4 @@ def test_needs_a_communicator_or_a_process_group():
         pytest.skip("a process group is up")
     model = _model()
     with pytest.raises(RuntimeError, match="init_process_group"):
-        gradzip.torch.BlockMomentum(model, _sgd(model.parameters()))
+        BlockMomentum(model, _sgd(model.parameters()))

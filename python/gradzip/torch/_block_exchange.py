@@ -62,9 +62,12 @@ class CommunicatorExchange:
     def broadcast_(self, flat: torch.Tensor) -> None:
         # A sum in which only rank 0 contributes: x + 0 is x (a -0.0 may come
         # back as +0.0), and every rank gets the same bits.
+        import gradzip
+
         if self.comm.rank != 0:
             flat.zero_()
-        self.comm.allreduce(flat, self._fp32, self._fp32_state, op="sum")
+        # A state of its own: a state is bound to one buffer size.
+        self.comm.allreduce(flat, self._fp32, gradzip.AllreduceState(), op="sum")
 
     def state_dict(self) -> List[Dict[str, Any]]:
         """The error feedback of every buffer (this rank's: residuals differ between ranks)."""

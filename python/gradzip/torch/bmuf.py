@@ -119,7 +119,6 @@ class BlockMomentum:
         "algorithm",
         "bucket_elements",
         "local_optimizer",
-        "_payload_bytes",
         "world_size",
         # What BMUF keeps in step: the trained parameters (flattened in this
         # order) and the module's float32 buffers.
@@ -127,6 +126,7 @@ class BlockMomentum:
         "_offsets",
         "_buffers",
         "_n",
+        "_payload_bytes",  # what the codec makes of one block's update
         # Internal state. W and Delta: flat float32 on the parameters' device,
         # the same bits on every rank. Counters: this rank's.
         "_global",
@@ -226,9 +226,9 @@ class BlockMomentum:
                 self._scatter(buffers, flat)
         logger.info(
             "gradzip BlockMomentum: block_steps=%d codec=%s block_momentum=%g block_lr=%g nesterov=%s "
-            "overlap=%s algorithm=%s world_size=%d elements=%d buffers=%d",
+            "overlap=%s algorithm=%s world_size=%d elements=%d update_buffers=%d module_buffers=%d",
             block_steps, self.codec.spec, self.block_momentum, self.block_lr, nesterov, overlap, algorithm,
-            self.world_size, self._n, buckets)
+            self.world_size, self._n, buckets, len(buffers))
 
     # -- training -------------------------------------------------------------
 
