@@ -166,18 +166,17 @@ def markdown(rows: List[Dict[str, Any]], target: float, args: argparse.Namespace
     lines = [
         f"# BMUF on digits, {args.ranks} ranks, link {args.link}",
         "",
-        f"{machines}; {when[0]} to {when[-1]}; commit {commits}. Digits MLP (64-{s.hidden}-{s.hidden}-10), "
-        f"{s.epochs} epochs, batch {s.batch_per_rank}/rank, local SGD lr {s.lr} momentum {s.momentum}; "
-        f"seeds {', '.join(map(str, seeds))}. Target: DDP fp32's final accuracy, mean over the seeds: "
-        f"**{100 * target:.2f}%**. Bytes: what one rank puts on the wire (DDP: a ring, modelled; BMUF: "
-        f"counted by the communicator). Times: training only (evaluations left out), mean over the seeds.",
+        f"{machines}; {when[0]} to {when[-1]}; commit {commits}. {digits.describe(s, args.ranks, seeds)} "
+        f"BMUF: that SGD is each rank's local optimizer. Target: DDP fp32's final accuracy, mean over the "
+        f"seeds: **{100 * target:.2f}%**. Bytes: what one rank puts on the wire (DDP: a ring, modelled; "
+        f"BMUF: counted by the communicator). Times: training only (evaluations left out), mean over the seeds.",
         "",
         "| method | H | mu | test accuracy % (per seed) | mean | vs fp32: mean / worst seed (points) "
         "| wire B/rank/epoch | fewer bytes than fp32 | train time (s) | time to target (s) | faster than fp32 |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        accs = " / ".join(f"{100 * a:.2f}" for a in r["accuracy"])
+        accs = digits.per_seed(r["accuracy"])
         delta = "" if r["method"] == args.baselines[0] else \
             f"{r['accuracy_delta_mean']:+.2f} / {r['delta_points_worst']:+.2f}"
         ttt = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.2f}"

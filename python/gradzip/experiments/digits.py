@@ -379,18 +379,27 @@ def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
+def describe(settings: Settings, ranks: int, seeds: Sequence[int]) -> str:
+    """The experiment's settings in one sentence (above its tables)."""
+    return (f"Digits MLP (64-{settings.hidden}-{settings.hidden}-10), {ranks} CPU ranks (gloo), "
+            f"{settings.epochs} epochs, batch {settings.batch_per_rank}/rank, SGD lr {settings.lr} "
+            f"momentum {settings.momentum}; seeds {', '.join(map(str, seeds))}.")
+
+
+def per_seed(accuracies: Sequence[float]) -> str:
+    return " / ".join(f"{100 * a:.2f}" for a in accuracies)
+
+
 def markdown(rows: List[Dict[str, Any]], ranks: int, settings: Settings) -> str:
     lines = [
-        f"Digits MLP (64-{settings.hidden}-{settings.hidden}-10), {ranks} CPU ranks (gloo), "
-        f"{settings.epochs} epochs, batch {settings.batch_per_rank}/rank, SGD lr {settings.lr} "
-        f"momentum {settings.momentum}; seeds {', '.join(map(str, rows[0]['seeds']))}.",
+        describe(settings, ranks, rows[0]["seeds"]),
         "",
         "| method | test accuracy (per seed) | mean | vs fp32, worst seed (points) "
         "| payload B/step | payload ratio | wire B/step | wire ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        accs = " / ".join(f"{100 * a:.2f}" for a in r["accuracy"])
+        accs = per_seed(r["accuracy"])
         delta = "" if r["method"] == "fp32" else f"{r['delta_points_worst']:+.2f}"
         lines.append(
             f"| {r['method']} | {accs} | {100 * r['accuracy_mean']:.2f} | {delta} | "
