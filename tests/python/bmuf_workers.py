@@ -294,6 +294,7 @@ def misuse(rank: int, world: int) -> Dict[str, Any]:
     other = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="topk:density=0.1")
     out["other_codec"] = error(lambda: other.load_state_dict(saved))
     out["not_a_state"] = error(lambda: other.load_state_dict({"version": 99}))
+    out["truncated_state"] = error(lambda: other.load_state_dict({"version": 1, "config": {}}))
     out["wrong_communicator"] = error(lambda: BlockMomentum(model, local_optimizer(model), communicator=object()))
     # sync() with nothing to exchange does nothing; a partial block counts as one.
     before = flat(model)

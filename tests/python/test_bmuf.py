@@ -106,6 +106,7 @@ def test_misuse_needing_a_process_group(suite):
     assert "DistributedDataParallel" in m["ddp"]
     assert "codec" in m["other_codec"]
     assert "not a gradzip BlockMomentum" in m["not_a_state"]
+    assert "not a gradzip BlockMomentum" in m["truncated_state"]
     assert "gradzip.Communicator" in m["wrong_communicator"]
     assert m["empty_sync_keeps_model"] and m["empty_sync_blocks"] == 0
     assert m["partial_block_blocks"] == 1

@@ -339,7 +339,10 @@ class BlockMomentum:
             ValueError: the state is not a BlockMomentum state_dict, or was
                 saved for another model size, world size, codec or mode.
         """
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+        keys = ("config", "hyperparameters", "global", "delta", "pending", "start", "local_steps",
+                "error_feedback", "stats", "local_optimizer")
+        if (not isinstance(state, dict) or state.get("version") != _STATE_VERSION
+                or any(k not in state for k in keys)):
             raise ValueError(f"not a gradzip BlockMomentum state_dict (version {_STATE_VERSION})")
         mine = self._structure()
         for key, value in mine.items():
