@@ -189,16 +189,27 @@ def markdown(rows: List[Dict[str, Any]], target: float, args: argparse.Namespace
     return "\n".join(lines) + "\n"
 
 
+def _label(row: Dict[str, Any], baselines: List[str]) -> str:
+    if row["method"] in baselines:
+        return f"DDP {row['method']}" + ("" if row["method"] == "fp32" else " hook")
+    spec = row["method"].partition("@")[0]
+    return f"BMUF {spec} H={row['block_steps']}" + (" overlap" if row["overlap"] else "")
+
+
 def plots(rows: List[Dict[str, Any]], target: float, args: argparse.Namespace, out: Path) -> List[Path]:
-    ratio = [{"mode": "train", "codec": r["method"], "accuracy": r["accuracy_mean"], "ratio": r["bytes_ratio"]}
-             for r in rows]
-    # The time plot: the baselines and BMUF with the first codec that is not
-    # none (the headline), at the last block momentum, with and without overlap.
-    headline = next((c for c in args.codecs if c != "none"), args.codecs[0])
+    """Both plots show the baselines and BMUF at the last block momentum (the
+    grid's tuned value); the time plot BMUF with the first codec that is not
+    none (the headline), with and without overlap."""
     mu = args.block_momentum[-1]
-    shown = set(args.baselines) | {bmuf_method(headline, h, mu, o) for h in args.block_steps for o in (False, True)}
-    curves = [{"mode": "train", "codec": r["method"], "curve": [(t, a) for t, a, _ in r["curve"]]}
-              for r in rows if r["method"] in shown]
+    tuned = {bmuf_method(c, h, mu, o) for c in args.codecs + args.overlap_codecs for h in args.block_steps
+             for o in (False, True)}
+    headline = next((c for c in args.codecs if c != "none"), args.codecs[0])
+    timed = set(args.baselines) | {bmuf_method(headline, h, mu, o) for h in args.block_steps for o in (False, True)}
+    ratio = [{"mode": "train", "codec": r["method"], "label": _label(r, args.baselines),
+              "accuracy": r["accuracy_mean"], "ratio": r["bytes_ratio"]}
+             for r in rows if r["method"] in tuned or r["method"] in args.baselines]
+    curves = [{"mode": "train", "codec": r["method"], "label": _label(r, args.baselines),
+               "curve": [(t, a) for t, a, _ in r["curve"]]} for r in rows if r["method"] in timed]
     made = [_sweep_plots.accuracy_vs_ratio(ratio, out / "accuracy_vs_ratio.png"),
             _sweep_plots.accuracy_vs_time(curves, out / "accuracy_vs_time.png", target,
                                           f"digits, {args.ranks} ranks at {args.link}: mean of {len(args.seeds)} seeds")]

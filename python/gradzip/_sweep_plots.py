@@ -6,7 +6,8 @@
 - error_vs_ratio.png: relative error of one allreduce against the
   compression ratio (wire bytes of fp32 / of the codec).
 - accuracy_vs_ratio.png: --train digits: final test accuracy against the
-  compression ratio of the bytes sent per step.
+  compression ratio of the bytes sent per step (records may carry a
+  shorter "label" than their codec).
 - accuracy_vs_time.png: test accuracy against training time, one line per
   method, with the accuracy to reach (bench/bmuf_digits.py).
 """
@@ -137,8 +138,8 @@ def accuracy_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | N
         last_x = r["ratio"]
         ax.scatter(r["ratio"], 100 * r["accuracy"], color=_FAMILY_COLORS.get(_family(r["codec"]), "tab:purple"),
                    s=40)
-        ax.annotate(r["codec"], (r["ratio"], 100 * r["accuracy"]), fontsize=7, xytext=offsets[k % len(offsets)],
-                    textcoords="offset points")
+        ax.annotate(r.get("label", r["codec"]), (r["ratio"], 100 * r["accuracy"]), fontsize=7,
+                    xytext=offsets[k % len(offsets)], textcoords="offset points")
     ax.set_xscale("log")
     ax.margins(x=0.3, y=0.08)
     ax.set_xlabel("compression ratio of the bytes sent per step")
@@ -153,8 +154,8 @@ def accuracy_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | N
 
 def accuracy_vs_time(records: Sequence[dict[str, Any]], path: Path, target: float | None = None,
                      title: str = "digits: accuracy vs training time") -> Path | None:
-    """records: {"mode": "train", "codec": label, "curve": [(seconds, accuracy), ...]};
-    target: an accuracy (0-1) drawn as a dashed line."""
+    """records: {"mode": "train", "codec": spec (gives the color), "label": optional,
+    "curve": [(seconds, accuracy), ...]}; target: an accuracy (0-1) drawn as a dashed line."""
     tr = [r for r in records if r.get("mode") == "train" and r.get("curve")]
     if not tr:
         return None
@@ -167,7 +168,8 @@ def accuracy_vs_time(records: Sequence[dict[str, Any]], path: Path, target: floa
         seen[fam] = seen.get(fam, 0) + 1
         pts = [(t, 100 * a) for t, a in r["curve"] if t > 0]
         ax.plot([t for t, _ in pts], [a for _, a in pts], linestyle=style, marker=marker, markersize=3,
-                markevery=max(1, len(pts) // 12), label=r["codec"], color=_FAMILY_COLORS.get(fam, "tab:purple"))
+                markevery=max(1, len(pts) // 12), label=r.get("label", r["codec"]),
+                color=_FAMILY_COLORS.get(fam, "tab:purple"))
     if target is not None:
         ax.axhline(100 * target, color="gray", linestyle="--", lw=0.8, label=f"target {100 * target:.2f}%")
     ax.set_xscale("log")
