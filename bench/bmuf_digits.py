@@ -19,7 +19,8 @@ the seeds. Each method's accuracy curve (evaluated whenever the model every
 rank holds changes: each step for DDP, each block end for BMUF) is averaged
 over the seeds at the same steps, as is its training time; the time to the
 target is the first point of that mean curve at or above it. Evaluation time
-is left out of the training time.
+is left out of the training time. Steps to target, from the same mean
+curve, do not depend on the machine's speed.
 
 Results in --out: points.json / points.csv (one record per method and seed,
 kept as each job ends; the same command again resumes, --fresh starts over),
@@ -124,10 +125,13 @@ def mean_curve(results: List[Dict[str, Any]]) -> List[Tuple[float, float, int]]:
 
 
 def time_to(curve: List[Tuple[float, float, int]], target: float) -> Optional[float]:
-    for t, acc, _ in curve:
-        if acc >= target - 1e-9:
-            return t
-    return None
+    hit = first_at(curve, target)
+    return None if hit is None else hit[0]
+
+
+def first_at(curve: List[Tuple[float, float, int]], target: float) -> Optional[Tuple[float, float, int]]:
+    """The first point of the mean curve at or above the target."""
+    return next((point for point in curve if point[1] >= target - 1e-9), None)
 
 
 def summarize(records: List[Dict[str, Any]], order: List[str], baseline: str) -> Tuple[List[Dict[str, Any]], float]:
@@ -147,7 +151,8 @@ def summarize(records: List[Dict[str, Any]], order: List[str], baseline: str) ->
         row["wire_bytes_per_epoch"] = row["wire_bytes_per_step"] * steps_per_epoch
         row["accuracy_delta_mean"] = 100 * (row["accuracy_mean"] - base_row["accuracy_mean"])
         row["curve"] = mean_curve(rs)
-        row["time_to_target"] = time_to(row["curve"], target)
+        hit = first_at(row["curve"], target)
+        row["time_to_target"], row["steps_to_target"] = (None, None) if hit is None else (hit[0], hit[2])
         row.update({k: rs[0]["extra"].get(k) for k in ("block_steps", "block_momentum", "overlap")})
     for row in rows:
         row["bytes_ratio"] = base_row["wire_bytes_per_epoch"] / row["wire_bytes_per_epoch"]
@@ -172,20 +177,23 @@ def markdown(rows: List[Dict[str, Any]], target: float, args: argparse.Namespace
         f"BMUF: counted by the communicator). Times: training only (evaluations left out), mean over the seeds.",
         "",
         "| method | H | mu | test accuracy % (per seed) | mean | vs fp32: mean / worst seed (points) "
-        "| wire B/rank/epoch | fewer bytes than fp32 | train time (s) | time to target (s) | faster than fp32 |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| wire B/rank/epoch | fewer bytes than fp32 | steps to target | train time (s) | time to target (s) "
+        "| faster than fp32 |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         accs = digits.per_seed(r["accuracy"])
         delta = "" if r["method"] == args.baselines[0] else \
             f"{r['accuracy_delta_mean']:+.2f} / {r['delta_points_worst']:+.2f}"
         ttt = "not reached" if r["time_to_target"] is None else f"{r['time_to_target']:.2f}"
+        stt = "" if r["steps_to_target"] is None else str(r["steps_to_target"])
         speed = "" if r["time_speedup"] is None else f"{r['time_speedup']:.1f}x"
         h = r["block_steps"] or ""
         mu = "" if r["block_momentum"] is None else f"{r['block_momentum']:g}"
         lines.append(
             f"| {r['method']} | {h} | {mu} | {accs} | {100 * r['accuracy_mean']:.2f} | {delta} | "
-            f"{r['wire_bytes_per_epoch']:,.0f} | {r['bytes_ratio']:,.1f}x | {r['seconds']:.2f} | {ttt} | {speed} |")
+            f"{r['wire_bytes_per_epoch']:,.0f} | {r['bytes_ratio']:,.1f}x | {stt} | {r['seconds']:.2f} | {ttt} | "
+            f"{speed} |")
     return "\n".join(lines) + "\n"
 
 

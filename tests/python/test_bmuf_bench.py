@@ -70,6 +70,7 @@ def test_time_to_accuracy_from_mean_curves(bench):
     assert fp32["time_to_target"] == pytest.approx(3.1)
     assert [s for _, _, s in m["curve"]] == [8, 24, 40]
     assert m["time_to_target"] == pytest.approx(0.3)  # step 24: (0.91 + 0.89) / 2 = 0.90
+    assert m["steps_to_target"] == 24 and fp32["steps_to_target"] == 30
     assert m["time_speedup"] == pytest.approx(3.1 / 0.3)
     assert m["steps_per_epoch"] == 10 and m["wire_bytes_per_epoch"] == 60
     assert m["bytes_ratio"] == pytest.approx(100)
