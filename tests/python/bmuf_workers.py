@@ -296,6 +296,9 @@ def misuse(rank: int, world: int) -> Dict[str, Any]:
     out["not_a_state"] = error(lambda: other.load_state_dict({"version": 99}))
     out["truncated_state"] = error(lambda: other.load_state_dict({"version": 1, "config": {}}))
     out["wrong_communicator"] = error(lambda: BlockMomentum(model, local_optimizer(model), communicator=object()))
+    # Ranks that disagree all get the error, naming the ones that differ.
+    out["disagree"] = error(lambda: BlockMomentum(model, local_optimizer(model),
+                                                  block_steps=2 + (rank == world - 1 and world > 1)))
     # sync() with nothing to exchange does nothing; a partial block counts as one.
     before = flat(model)
     opt.sync()

@@ -108,6 +108,12 @@ def test_misuse_needing_a_process_group(suite):
     assert "not a gradzip BlockMomentum" in m["not_a_state"]
     assert "not a gradzip BlockMomentum" in m["truncated_state"]
     assert "gradzip.Communicator" in m["wrong_communicator"]
+    if len(suite) > 1:
+        for r in every_rank(suite, "misuse"):
+            assert f"ranks {len(suite) - 1} differ from rank 0" in r["disagree"], r["disagree"]
+            assert "block_steps" in r["disagree"]
+    else:
+        assert m["disagree"] is None
     assert m["empty_sync_keeps_model"] and m["empty_sync_blocks"] == 0
     assert m["partial_block_blocks"] == 1
 

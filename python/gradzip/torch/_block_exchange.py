@@ -1,7 +1,14 @@
 """The collective :class:`~gradzip.torch.BlockMomentum` needs, behind one small
 interface so that its transport can change without touching the algorithm.
 
-BMUF asks three things of the ranks' network, once per block:
+BMUF asks four things of the ranks' network: once, at construction,
+
+- ``agree(what, fields, device)``: raise the same ValueError on every rank,
+  naming the ranks that differ from rank 0, unless every rank passed the
+  same fields (hyperparameters and model shapes): ranks that disagree would
+  otherwise end blocks at different steps or filter differently;
+
+and once per block:
 
 - ``average_(i, flat)``: flat (float32, contiguous, on the model's device)
   becomes the average over ranks, sent compressed by the codec with the error
@@ -21,6 +28,8 @@ steps go on meanwhile.
 """
 
 import concurrent.futures
+import hashlib
+import json
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -68,6 +77,24 @@ class CommunicatorExchange:
             flat.zero_()
         # A state of its own: a state is bound to one buffer size.
         self.comm.allreduce(flat, self._fp32, gradzip.AllreduceState(), op="sum")
+
+    def agree(self, what: str, fields: Dict[str, Any], device: torch.device) -> None:
+        import gradzip
+
+        text = json.dumps(fields, sort_keys=True)
+        digest = hashlib.sha256(text.encode()).digest()
+        # 16-bit pieces of the digest: float32 holds them exactly.
+        mine = torch.tensor([int.from_bytes(digest[i:i + 2], "little") for i in range(0, 16, 2)],
+                            dtype=torch.float32, device=device)
+        rank0 = mine.clone()
+        self.broadcast_(rank0)
+        differs = torch.zeros(self.size, dtype=torch.float32, device=device)
+        differs[self.rank] = 0.0 if torch.equal(mine, rank0) else 1.0
+        self.comm.allreduce(differs, self._fp32, gradzip.AllreduceState(), op="sum")
+        ranks = [r for r, d in enumerate(differs.tolist()) if d != 0]
+        if ranks:
+            raise ValueError(f"the ranks disagree on the {what}: ranks {', '.join(map(str, ranks))} differ from "
+                             f"rank 0 (this rank has {text}); every rank must pass the same values")
 
     def state_dict(self) -> List[Dict[str, Any]]:
         """The error feedback of every buffer (this rank's: residuals differ between ranks)."""

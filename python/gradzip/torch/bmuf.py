@@ -99,7 +99,9 @@ class BlockMomentum:
     Raises:
         ValueError: a bad value or arguments that do not go together (the
             message says why), e.g. a DDP module, non-float32 parameters, or a
-            local optimizer that trains parameters BMUF does not synchronize.
+            local optimizer that trains parameters BMUF does not synchronize;
+            on every rank, when the ranks' hyperparameters or parameter shapes
+            differ (the message names the ranks).
 
     Collective: every rank constructs it, calls :meth:`step` as often,
     and calls :meth:`sync` and :meth:`state_dict` at the same points.
@@ -214,6 +216,10 @@ class BlockMomentum:
         self._local_steps = 0
         self._stats = _new_stats()
 
+        agreed = dict(self._structure(), block_steps=block_steps, block_momentum=self.block_momentum,
+                      block_lr=self.block_lr, shapes=[list(p.shape) for p in params],
+                      buffer_shapes=[list(b.shape) for b in buffers])
+        self._exchange.agree("BlockMomentum configuration", agreed, device)
         with torch.no_grad():
             self._gather_params(self._global)
             self._exchange.broadcast_(self._global)
