@@ -6,7 +6,10 @@
 - error_vs_ratio.png: relative error of one allreduce against the
   compression ratio (wire bytes of fp32 / of the codec).
 - accuracy_vs_ratio.png: --train digits: final test accuracy against the
-  compression ratio of the bytes sent per step.
+  compression ratio of the bytes sent per step (records may carry a
+  shorter "label" than their codec).
+- accuracy_vs_time.png: test accuracy against training time, one line per
+  method, with the accuracy to reach (bench/bmuf_digits.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-_FAMILY_COLORS = {"none": "black", "fp16": "tab:blue", "bf16": "tab:cyan", "onebit": "tab:red",
+_FAMILY_COLORS = {"none": "black", "fp32": "black", "fp16": "tab:blue", "bf16": "tab:cyan", "onebit": "tab:red",
                   "topk": "tab:green", "gloo": "gray"}
 
 
@@ -29,7 +32,8 @@ def _pyplot() -> Any:
 
 
 def _family(codec: str) -> str:
-    return codec.replace(" ", ":").split(":", 1)[0]
+    """The codec's name: 'topk' for 'topk:density=0.01', 'onebit' for 'onebit@bmuf:h=16'."""
+    return codec.replace(" ", ":").split(":", 1)[0].split("@", 1)[0]
 
 
 _STYLES = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")]
@@ -134,14 +138,49 @@ def accuracy_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | N
         last_x = r["ratio"]
         ax.scatter(r["ratio"], 100 * r["accuracy"], color=_FAMILY_COLORS.get(_family(r["codec"]), "tab:purple"),
                    s=40)
-        ax.annotate(r["codec"], (r["ratio"], 100 * r["accuracy"]), fontsize=7, xytext=offsets[k % len(offsets)],
-                    textcoords="offset points")
+        ax.annotate(r.get("label", r["codec"]), (r["ratio"], 100 * r["accuracy"]), fontsize=7,
+                    xytext=offsets[k % len(offsets)], textcoords="offset points")
     ax.set_xscale("log")
     ax.margins(x=0.3, y=0.08)
     ax.set_xlabel("compression ratio of the bytes sent per step")
     ax.set_ylabel("final test accuracy (%)")
     ax.set_title("digits: accuracy vs compression")
     ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_vs_time(records: Sequence[dict[str, Any]], path: Path, target: float | None = None,
+                     title: str = "digits: accuracy vs training time") -> Path | None:
+    """records: {"mode": "train", "codec": spec (gives the color), "label": optional,
+    "curve": [(seconds, accuracy), ...]}; target: an accuracy (0-1) drawn as a dashed line."""
+    tr = [r for r in records if r.get("mode") == "train" and r.get("curve")]
+    if not tr:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    seen: dict[str, int] = {}  # methods drawn per codec family: marker and line style
+    for r in tr:
+        fam = _family(r["codec"])
+        marker, style = _STYLES[seen.get(fam, 0) % len(_STYLES)]
+        seen[fam] = seen.get(fam, 0) + 1
+        pts = [(t, 100 * a) for t, a in r["curve"] if t > 0]
+        ax.plot([t for t, _ in pts], [a for _, a in pts], linestyle=style, marker=marker, markersize=3,
+                markevery=max(1, len(pts) // 12), label=r.get("label", r["codec"]),
+                color=_FAMILY_COLORS.get(fam, "tab:purple"))
+    if target is not None:
+        ax.axhline(100 * target, color="gray", linestyle="--", lw=0.8, label=f"target {100 * target:.2f}%")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(_plain())
+    late = [a for r in tr for _, a in r["curve"][len(r["curve"]) // 2:]]
+    ax.set_ylim(max(0.0, min(90.0, 100 * min(late) - 2)), 100)  # the approach to the target, not the first steps
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,28 +1,33 @@
 """Convergence on scikit-learn's digits: accuracy and bytes per step, per compression method.
 
 A small MLP learns the 8x8 digit images (1797 samples that ship inside
-scikit-learn: nothing is downloaded) with DDP on several CPU ranks over gloo.
-Every method starts from the same weights and sees the same batches; what
-differs is how the gradient buckets are exchanged:
+scikit-learn: nothing is downloaded) on several CPU ranks over gloo. Every
+method starts from the same weights and sees the same batches; what differs
+is how the ranks exchange what they learned:
 
     fp32                     DDP without a hook (ring allreduce of fp32)
     torch-fp16               torch's fp16_compress_hook
     powersgd:rank=R          torch's PowerSGD hook (rank R, error feedback, warm start)
     <gradzip spec>           gradzip's hook, e.g. onebit, topk:density=0.01,ef=off
     <gradzip spec>@gradzip   the same over gradzip's own communicator (transport="gradzip")
+    <gradzip spec>@bmuf:h=H  no DDP: block momentum (gradzip.torch.BlockMomentum), the
+                             model update sent compressed every H steps (_digits_bmuf.py)
 
     python -m gradzip.experiments.digits --ranks 4 --seeds 0,1,2 --json out.json --markdown out.md
+    gradzip-run -n 4 --link 100mbit -- python -m gradzip.experiments.digits --launched ...
 
 Bytes per step are this rank's: "payload" is the message a rank contributes
 (what the codec produced; fp32 = 4 bytes per parameter), "wire" what it puts
 on the network, modelled as a ring for torch's collectives (allreduce
 2(P-1)/P x message, all_gather (P-1) x message) and counted by gradzip's
-communicator for @gradzip.
+communicator for @gradzip and @bmuf. --eval-every records the accuracy of
+the model every rank holds as training goes (time to accuracy).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -33,7 +38,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 DEFAULT_METHODS = [
     "fp32", "torch-fp16", "powersgd:rank=2", "fp16",
@@ -62,6 +67,11 @@ class Settings:
     hidden: int = 128
     powersgd_start: int = 2  # the smallest PowerSGD allows with error feedback
     threads_per_rank: int = 1
+    #: Evaluate the shared model every this many steps, when it changed since
+    #: the last evaluation (0: only at the end); the accuracy curve goes to
+    #: Result.extra["curve"] as (training seconds, step, accuracy), with the
+    #: evaluations' time left out of the training time.
+    eval_every: int = 0
 
 
 @dataclass
@@ -99,8 +109,27 @@ def _model(hidden: int, seed: int):
         torch.nn.Linear(hidden, 10))
 
 
-def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
-    import numpy as np
+@dataclass
+class Method:
+    """How one method trains: what the batches go through and what steps it,
+    set up by :func:`_setup` (DDP with or without a hook) or another family's
+    setup (see FAMILIES)."""
+
+    forward: Any                  # the module the batches go through (DDP, or the model itself)
+    optimizer: Any                # zero_grad() and step()
+    #: (steps) -> (payload, wire) bytes per step of this rank, called after training.
+    bytes_per_step: Callable[[int], Tuple[float, float]]
+    #: () -> context manager: the model every rank holds is in `model` inside it.
+    shared_model: Callable[[], Any] = contextlib.nullcontext
+    #: () -> a number that changes whenever the shared model does (evaluation
+    #: points); None: it changes with every step.
+    version: Optional[Callable[[], int]] = None
+    finish: Callable[[], None] = lambda: None  # after the last step (e.g. end a partial block)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def _setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
+    """DDP on every step: fp32, torch's hooks, or gradzip's hook."""
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -108,20 +137,18 @@ def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
 
     from gradzip.torch import CompressionState, compression_hook
 
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    x_train, x_test, y_train, y_test = data
-    x_train_t, y_train_t = torch.from_numpy(x_train), torch.from_numpy(y_train)
-    model = _model(settings.hidden, seed)
+    ranks = dist.get_world_size()
     ddp = DDP(model)
-    n_params = sum(p.numel() for p in model.parameters())
-    fp32 = 4.0 * n_params
+    fp32 = 4.0 * sum(p.numel() for p in model.parameters())
     ring = 2.0 * (ranks - 1) / ranks
-
+    opt = torch.optim.SGD(ddp.parameters(), lr=settings.lr, momentum=settings.momentum)
+    extra: Dict[str, Any] = {}
     state: Any = None
     if method == "fp32":
-        pass
+        bytes_per_step: Callable[[int], Tuple[float, float]] = lambda steps: (fp32, ring * fp32)
     elif method == "torch-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        bytes_per_step = lambda steps: (fp32 / 2, ring * fp32 / 2)
     elif method.startswith("powersgd"):
         rank_r = int(method.partition("rank=")[2] or 1)
         # One bucket (the model is far below DDP's 25 MiB cap): PowerSGD issues
@@ -131,90 +158,160 @@ def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
             process_group=None, matrix_approximation_rank=rank_r,
             start_powerSGD_iter=settings.powersgd_start, random_seed=seed)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        extra["powersgd_start"] = settings.powersgd_start
+
+        def bytes_per_step(steps: int) -> Tuple[float, float]:
+            _, before, after = state.compression_stats()
+            warm = min(settings.powersgd_start, steps)
+            payload = (warm * fp32 + 4.0 * after) / steps
+            return payload, ring * payload  # three ring allreduces: Ps, Qs, uncompressed tensors
     else:
         spec, _, transport = method.partition("@")
         state = CompressionState(codec=spec, transport=transport or "torch")
         ddp.register_comm_hook(state, compression_hook)
 
-    opt = torch.optim.SGD(ddp.parameters(), lr=settings.lr, momentum=settings.momentum)
+        def bytes_per_step(steps: int) -> Tuple[float, float]:
+            stats = state.compression_stats()
+            return stats["payload_bytes_per_step"], stats["wire_bytes_per_step"]
+    return Method(ddp, opt, bytes_per_step, extra=extra)
+
+
+def _bmuf_setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
+    from ._digits_bmuf import setup
+
+    return setup(method, model, seed, settings)
+
+
+#: Method families beyond DDP: (does this method belong to it, its setup).
+#: A setup takes (method, model, seed, settings) and returns a Method.
+FAMILIES: List[Tuple[Callable[[str], bool], Callable[..., Method]]] = [
+    (lambda method: "@bmuf" in method, _bmuf_setup),  # <codec>@bmuf:h=H,...: block momentum, no DDP
+]
+
+
+def _family_setup(method: str) -> Callable[..., Method]:
+    for belongs, setup in FAMILIES:
+        if belongs(method):
+            return setup
+    return _setup
+
+
+def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    x_train, x_test, y_train, y_test = data
+    x_train_t, y_train_t = torch.from_numpy(x_train), torch.from_numpy(y_train)
+    x_test_t = torch.from_numpy(x_test)
+    model = _model(settings.hidden, seed)
+    m = _family_setup(method)(method, model, seed, settings)
+    fp32 = 4.0 * sum(p.numel() for p in model.parameters())
+
+    def accuracy() -> float:
+        with torch.no_grad(), m.shared_model():
+            pred = model(x_test_t).argmax(1).numpy()
+        return float((pred == y_test).mean())
+
     per_step = settings.batch_per_rank * ranks
     steps_per_epoch = len(x_train) // per_step
-    t0 = time.perf_counter()
+    curve: List[Tuple[float, int, float]] = []  # (training seconds, step, test accuracy) of the shared model
     step, loss_sum, loss_n = 0, 0.0, 0
+    version = m.version or (lambda: step)
+    seen = version()
+    paused = 0.0  # time spent evaluating, left out of the training time
+    t0 = time.perf_counter()
     for epoch in range(settings.epochs):
         order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
         for i in range(steps_per_epoch):
             idx = order[i * per_step + rank * settings.batch_per_rank:][:settings.batch_per_rank]
             xb, yb = x_train_t[idx], y_train_t[idx]
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(ddp(xb), yb)
+            m.optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m.forward(xb), yb)
             loss.backward()
-            opt.step()
+            m.optimizer.step()
             step += 1
             if epoch == settings.epochs - 1:
                 loss_sum += loss.item()
                 loss_n += 1
-    seconds = time.perf_counter() - t0
+            if settings.eval_every and step % settings.eval_every == 0 and version() != seen:
+                t_eval = time.perf_counter()
+                curve.append((t_eval - t0 - paused, step, accuracy()))
+                seen = version()
+                paused += time.perf_counter() - t_eval
+    m.finish()
+    seconds = time.perf_counter() - t0 - paused
+    final = accuracy()
+    if settings.eval_every and (not curve or curve[-1][1] != step or curve[-1][2] != final):
+        curve.append((seconds, step, final))
 
-    with torch.no_grad():
-        pred = model(torch.from_numpy(x_test)).argmax(1).numpy()
-    accuracy = float((pred == y_test).mean())
-
-    extra: Dict[str, Any] = {}
-    if method == "fp32":
-        payload = fp32
-        wire = ring * fp32
-    elif method == "torch-fp16":
-        payload = fp32 / 2
-        wire = ring * payload
-    elif method.startswith("powersgd"):
-        _, before, after = state.compression_stats()
-        warm = min(settings.powersgd_start, step)
-        payload = (warm * fp32 + 4.0 * after) / step
-        wire = ring * payload  # three ring allreduces: Ps, Qs, uncompressed tensors
-        extra["powersgd_start"] = settings.powersgd_start
-    else:
-        stats = state.compression_stats()
-        payload = stats["payload_bytes_per_step"]
-        wire = stats["wire_bytes_per_step"]
-
+    payload, wire = m.bytes_per_step(step)
+    extra = dict(m.extra)
+    if settings.eval_every:
+        extra["curve"] = curve
     # Every rank must hold the same model; a cheap check that stays in the table.
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    with torch.no_grad(), m.shared_model():
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     everyone = [torch.empty_like(flat) for _ in range(ranks)]
     dist.all_gather(everyone, flat)
     extra["identical_on_all_ranks"] = all(torch.equal(everyone[0], e) for e in everyone)
-    return Result(method, seed, ranks, step, accuracy, loss_sum / max(loss_n, 1), payload, wire, fp32,
+    return Result(method, seed, ranks, step, final, loss_sum / max(loss_n, 1), payload, wire, fp32,
                   seconds, extra)
 
 
-def _worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Sequence[int],
-            settings: Settings, out_path: str) -> None:
+def _train_all(methods: Sequence[str], seeds: Sequence[int], settings: Settings) -> List[Dict[str, Any]]:
+    """Every (seed, method), in the initialised process group; progress on rank 0's stderr."""
+    import torch.distributed as dist
+
+    data = _data()
+    results = []
+    for seed in seeds:
+        for method in methods:
+            results.append(asdict(_train_one(method, seed, settings, data)))
+            if dist.get_rank() == 0:
+                r = results[-1]
+                print(f"  seed {seed} {method:<28} acc {r['test_accuracy']:.4f} "
+                      f"payload {r['payload_bytes_per_step']:.0f} B/step ({r['seconds']:.1f} s)",
+                      file=sys.stderr, flush=True)
+    return results
+
+
+def _in_group(rank: int, ranks: int, settings: Settings, body: Callable[[], Any]) -> Any:
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks))
     torch.set_num_threads(settings.threads_per_rank)
     dist.init_process_group("gloo", rank=rank, world_size=ranks, timeout=datetime.timedelta(seconds=120))
     try:
-        data = _data()
-        results = []
-        for seed in seeds:
-            for method in methods:
-                results.append(asdict(_train_one(method, seed, settings, data)))
-                if rank == 0:
-                    r = results[-1]
-                    print(f"  seed {seed} {method:<28} acc {r['test_accuracy']:.4f} "
-                          f"payload {r['payload_bytes_per_step']:.0f} B/step ({r['seconds']:.1f} s)",
-                          file=sys.stderr, flush=True)
-        if rank == 0:
-            with open(out_path, "w") as f:
-                json.dump(results, f)
+        return body()
     finally:
         gc.collect()  # DDP objects left in cycles hold the group; gloo's threads must stop before exit
         dist.destroy_process_group()
+
+
+def _worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Sequence[int],
+            settings: Settings, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks))
+    results = _in_group(rank, ranks, settings, lambda: _train_all(methods, seeds, settings))
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+
+
+def run_launched(methods: Sequence[str], seeds: Sequence[int] = (0,),
+                 settings: Optional[Settings] = None) -> Optional[List[Dict[str, Any]]]:
+    """Like :func:`run`, as one rank of a job that a launcher started
+    (torchrun, gradzip-run: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the
+    environment), e.g. on gradzip-run's emulated links. Returns the records on
+    rank 0, None on the others."""
+    settings = settings or Settings()
+    rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    results = _in_group(rank, ranks, settings, lambda: _train_all(methods, seeds, settings))
+    return results if rank == 0 else None
 
 
 def _free_port() -> int:
@@ -282,18 +379,27 @@ def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
+def describe(settings: Settings, ranks: int, seeds: Sequence[int]) -> str:
+    """The experiment's settings in one sentence (above its tables)."""
+    return (f"Digits MLP (64-{settings.hidden}-{settings.hidden}-10), {ranks} CPU ranks (gloo), "
+            f"{settings.epochs} epochs, batch {settings.batch_per_rank}/rank, SGD lr {settings.lr} "
+            f"momentum {settings.momentum}; seeds {', '.join(map(str, seeds))}.")
+
+
+def per_seed(accuracies: Sequence[float]) -> str:
+    return " / ".join(f"{100 * a:.2f}" for a in accuracies)
+
+
 def markdown(rows: List[Dict[str, Any]], ranks: int, settings: Settings) -> str:
     lines = [
-        f"Digits MLP (64-{settings.hidden}-{settings.hidden}-10), DDP on {ranks} CPU ranks (gloo), "
-        f"{settings.epochs} epochs, batch {settings.batch_per_rank}/rank, SGD lr {settings.lr} "
-        f"momentum {settings.momentum}; seeds {', '.join(map(str, rows[0]['seeds']))}.",
+        describe(settings, ranks, rows[0]["seeds"]),
         "",
         "| method | test accuracy (per seed) | mean | vs fp32, worst seed (points) "
         "| payload B/step | payload ratio | wire B/step | wire ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        accs = " / ".join(f"{100 * a:.2f}" for a in r["accuracy"])
+        accs = per_seed(r["accuracy"])
         delta = "" if r["method"] == "fp32" else f"{r['delta_points_worst']:+.2f}"
         lines.append(
             f"| {r['method']} | {accs} | {100 * r['accuracy_mean']:.2f} | {delta} | "
@@ -307,18 +413,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1,2")
     ap.add_argument("--methods", default=None,
-                    help="comma-separated methods (a part with '=' and no ':' continues a gradzip spec, "
-                         "as in topk:density=0.01,ef=off); default: " + ",".join(DEFAULT_METHODS + GRADZIP_TRANSPORT_METHODS))
+                    help="comma-separated methods (a part that does not start with a method or codec name "
+                         "continues the previous one, as in topk:density=0.01,ef=off); default: " + ",".join(DEFAULT_METHODS + GRADZIP_TRANSPORT_METHODS))
     ap.add_argument("--epochs", type=int, default=Settings.epochs)
     ap.add_argument("--json", help="write the per-run results and the summary here")
     ap.add_argument("--markdown", help="write the table here")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="record the test accuracy of the shared model every N steps when it changed "
+                         "(extra.curve in the JSON); 0: only at the end")
     ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--launched", action="store_true",
+                    help="be one rank of a job a launcher started (torchrun, gradzip-run): ranks and rendezvous "
+                         "from the environment, --ranks ignored; rank 0 writes the outputs")
     args = ap.parse_args(argv)
 
     methods = default_methods() if args.methods is None else _split_methods(args.methods)
     seeds = [int(s) for s in args.seeds.split(",")]
-    settings = Settings(epochs=args.epochs)
-    results = run(methods, seeds, args.ranks, settings, args.timeout)
+    settings = Settings(epochs=args.epochs, eval_every=args.eval_every)
+    if args.launched:
+        launched = run_launched(methods, seeds, settings)
+        if launched is None:
+            return 0
+        results, args.ranks = launched, launched[0]["ranks"]
+    else:
+        results = run(methods, seeds, args.ranks, settings, args.timeout)
     rows = summarize(results)
     table = markdown(rows, args.ranks, settings)
     print(table)
@@ -333,11 +451,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _split_methods(text: str) -> List[str]:
-    """Splits a comma-separated method list where gradzip specs may hold commas:
-    an element with '=' and no ':' continues the previous method."""
+    """Splits a comma-separated method list where methods may hold commas
+    (topk:density=0.01,ef=off; onebit@bmuf:h=16,mu=0.5): an element that does
+    not start with a method's name (fp32, torch-fp16, powersgd or a codec)
+    continues the previous method."""
+    import gradzip
+
+    names = {"fp32", "torch-fp16", "powersgd", *gradzip.codec_names()}
     out: List[str] = []
     for part in text.split(","):
-        if out and "=" in part and ":" not in part.split("@")[0]:
+        name = part.split("@")[0].split(":")[0].split("=")[0]
+        if out and name not in names:
             out[-1] += "," + part
         else:
             out.append(part)

@@ -1,4 +1,5 @@
-"""gradzip for PyTorch: a DDP communication hook that compresses gradients.
+"""gradzip for PyTorch: a DDP communication hook that compresses gradients,
+and block momentum (BMUF) for slow links.
 
 Example::
 
@@ -6,9 +7,12 @@ Example::
     ddp_model.register_comm_hook(CompressionState(codec="onebit"), compression_hook)
 
 See :class:`CompressionState` for the options (codec, warm-up, transport) and
-:func:`compression_hook` for what happens to each bucket.
+:func:`compression_hook` for what happens to each bucket. Where even a
+compressed exchange every step is too slow, :class:`BlockMomentum` exchanges
+a compressed model update once every H local steps.
 """
 
+from .bmuf import BlockMomentum
 from .hook import CompressionState, compression_hook
 
-__all__ = ["CompressionState", "compression_hook"]
+__all__ = ["BlockMomentum", "CompressionState", "compression_hook"]

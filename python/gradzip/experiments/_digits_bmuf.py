@@ -1,0 +1,71 @@
+"""Block momentum in the digits experiment: methods ``<codec spec>@bmuf:h=H[,...]``.
+
+No DDP: each rank trains its own copy of the model with the experiment's
+SGD (lr, momentum) and :class:`gradzip.torch.BlockMomentum` exchanges the
+compressed model update every H steps. Options after ``bmuf:``, comma
+separated: ``h`` (block steps, required), ``mu`` (block momentum, default
+1 - 1/P), ``lr`` (block learning rate, default 1), ``nesterov=on|off``
+(default on), ``overlap=on|off`` (default off), ``algorithm`` (default auto).
+
+    onebit@bmuf:h=16                  topk:density=0.01@bmuf:h=4,overlap=on
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+from . import digits
+
+_ON_OFF = {"on": True, "off": False}
+
+
+def parse(method: str) -> Tuple[str, Dict[str, Any]]:
+    """(codec spec, BlockMomentum keyword arguments) of a method string."""
+    spec, _, rest = method.partition("@bmuf")
+    if not rest.startswith(":"):
+        raise ValueError(f"method {method!r}: write <codec>@bmuf:h=H[,mu=..,lr=..,nesterov=on|off,overlap=on|off]")
+    kwargs: Dict[str, Any] = {}
+    for item in rest[1:].split(","):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"method {method!r}: {item!r} is not key=value")
+        if key == "h":
+            kwargs["block_steps"] = int(value)
+        elif key == "mu":
+            kwargs["block_momentum"] = float(value)
+        elif key == "lr":
+            kwargs["block_lr"] = float(value)
+        elif key in ("nesterov", "overlap") and value in _ON_OFF:
+            kwargs[key] = _ON_OFF[value]
+        elif key == "algorithm":
+            kwargs["algorithm"] = value
+        else:
+            raise ValueError(f"method {method!r}: unknown option {item!r} (h, mu, lr, nesterov=on|off, "
+                             f"overlap=on|off, algorithm)")
+    if "block_steps" not in kwargs:
+        raise ValueError(f"method {method!r}: h=H (block steps) is required")
+    return spec, kwargs
+
+
+def setup(method: str, model: Any, seed: int, settings: digits.Settings) -> digits.Method:
+    import torch
+
+    from gradzip.torch import BlockMomentum
+
+    spec, kwargs = parse(method)
+    local = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum)
+    opt = BlockMomentum(model, local, codec=spec, **kwargs)
+
+    def bytes_per_step(steps: int) -> Tuple[float, float]:
+        s = opt.compression_stats()
+        return s["payload_bytes_per_block"] * s["blocks"] / steps, s["wire_bytes_per_step"]
+
+    def finish() -> None:
+        opt.sync()
+        opt.close()
+
+    return digits.Method(model, opt, bytes_per_step, shared_model=opt.global_model,
+                         version=lambda: opt.compression_stats()["blocks"], finish=finish,
+                         extra={"block_steps": opt.block_steps, "block_momentum": opt.block_momentum,
+                                "block_lr": opt.block_lr, "nesterov": opt.nesterov, "overlap": opt.overlap})
+

@@ -1,0 +1,165 @@
+"""The collective :class:`~gradzip.torch.BlockMomentum` needs, behind one small
+interface so that its transport can change without touching the algorithm.
+
+BMUF asks four things of the ranks' network: once, at construction,
+
+- ``agree(what, fields, device)``: raise the same ValueError on every rank,
+  naming the ranks that differ from rank 0, unless every rank passed the
+  same fields (hyperparameters and model shapes): ranks that disagree would
+  otherwise end blocks at different steps or filter differently;
+
+and once per block:
+
+- ``average_(i, flat)``: flat (float32, contiguous, on the model's device)
+  becomes the average over ranks, sent compressed by the codec with the error
+  feedback of buffer ``i`` (kept across calls: one state per buffer); every
+  rank ends with the same bits. Returns the bytes this rank put on the wire.
+- ``average_exact_(flat)``: the same in fp32 (module buffers such as batch
+  norm statistics).
+- ``broadcast_(flat)``: rank 0's values on every rank (the initial model).
+
+Today that is gradzip's own :class:`gradzip.Communicator` (UCX or NCCL).
+A transport over torch's process group can stand in for it by offering the
+same calls, state_dict and load_state_dict.
+
+:class:`Background` runs one exchange at a time on a worker thread, for the
+overlapped mode: the communicator releases the GIL while it works, so local
+steps go on meanwhile.
+"""
+
+import concurrent.futures
+import hashlib
+import json
+from typing import Any, Dict, List, Optional
+
+import torch
+
+__all__ = ["CommunicatorExchange", "Background"]
+
+
+class CommunicatorExchange:
+    """BMUF's exchange over a :class:`gradzip.Communicator`."""
+
+    __slots__ = ("comm", "codec", "algorithm", "_states", "_fp32", "_fp32_state")
+
+    def __init__(self, comm: Any, codec: Any, algorithm: str, buffers: int) -> None:
+        import gradzip
+
+        self.comm = comm
+        self.codec = codec
+        self.algorithm = algorithm
+        self._states: List[Any] = [gradzip.AllreduceState() for _ in range(buffers)]
+        self._fp32 = gradzip.Codec("none")
+        self._fp32_state = gradzip.AllreduceState()
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def average_(self, i: int, flat: torch.Tensor) -> int:
+        stats = self.comm.allreduce(flat, self.codec, self._states[i], op="avg", algorithm=self.algorithm)
+        return int(stats["wire_bytes"])
+
+    def average_exact_(self, flat: torch.Tensor) -> int:
+        stats = self.comm.allreduce(flat, self._fp32, self._fp32_state, op="avg")
+        return int(stats["wire_bytes"])
+
+    def broadcast_(self, flat: torch.Tensor) -> None:
+        # A sum in which only rank 0 contributes: x + 0 is x (a -0.0 may come
+        # back as +0.0), and every rank gets the same bits.
+        import gradzip
+
+        if self.comm.rank != 0:
+            flat.zero_()
+        # A state of its own: a state is bound to one buffer size.
+        self.comm.allreduce(flat, self._fp32, gradzip.AllreduceState(), op="sum")
+
+    def agree(self, what: str, fields: Dict[str, Any], device: torch.device) -> None:
+        import gradzip
+
+        text = json.dumps(fields, sort_keys=True)
+        digest = hashlib.sha256(text.encode()).digest()
+        # 16-bit pieces of the digest: float32 holds them exactly.
+        mine = torch.tensor([int.from_bytes(digest[i:i + 2], "little") for i in range(0, 16, 2)],
+                            dtype=torch.float32, device=device)
+        rank0 = mine.clone()
+        self.broadcast_(rank0)
+        differs = torch.zeros(self.size, dtype=torch.float32, device=device)
+        differs[self.rank] = 0.0 if torch.equal(mine, rank0) else 1.0
+        self.comm.allreduce(differs, self._fp32, gradzip.AllreduceState(), op="sum")
+        ranks = [r for r, d in enumerate(differs.tolist()) if d != 0]
+        if ranks:
+            raise ValueError(f"the ranks disagree on the {what}: ranks {', '.join(map(str, ranks))} differ from "
+                             f"rank 0 (this rank has {text}); every rank must pass the same values")
+
+    def state_dict(self) -> List[Dict[str, Any]]:
+        """The error feedback of every buffer (this rank's: residuals differ between ranks)."""
+        return [s.state_dict() for s in self._states]
+
+    def load_state_dict(self, states: List[Dict[str, Any]]) -> None:
+        if len(states) != len(self._states):
+            raise ValueError(f"the state_dict holds error feedback for {len(states)} buffers, "
+                             f"this BlockMomentum has {len(self._states)}")
+        for s, saved in zip(self._states, states):
+            s.load_state_dict(saved)
+
+
+class Background:
+    """Runs exchanges on one worker thread, one at a time, in submission order.
+
+    On CUDA the worker runs on a stream of its own that first waits for the
+    work queued so far on the caller's stream; :meth:`wait` makes the
+    caller's stream wait for the exchange in turn.
+    """
+
+    __slots__ = ("_pool", "_future", "_streams", "_done")
+
+    def __init__(self) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradzip-bmuf")
+        self._future: Optional[concurrent.futures.Future] = None
+        self._streams: Dict[torch.device, Any] = {}
+        self._done: Any = None
+
+    @property
+    def busy(self) -> bool:
+        return self._future is not None
+
+    def submit(self, fn: Any, device: torch.device) -> None:
+        assert self._future is None, "one exchange in flight at a time"
+        if device.type != "cuda":
+            self._future = self._pool.submit(fn)
+            return
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
+        done = torch.cuda.Event()
+        self._done = (done, device)
+
+        def on_stream() -> Any:
+            with torch.cuda.stream(stream):
+                stream.wait_event(ready)
+                result = fn()
+                done.record(stream)
+            return result
+
+        self._future = self._pool.submit(on_stream)
+
+    def wait(self) -> Any:
+        """The exchange's result (its exception, if it failed)."""
+        future, self._future = self._future, None
+        assert future is not None
+        result = future.result()
+        if self._done is not None:
+            done, device = self._done
+            torch.cuda.current_stream(device).wait_event(done)
+            self._done = None
+        return result
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

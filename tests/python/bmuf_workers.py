@@ -1,0 +1,334 @@
+"""What the BlockMomentum tests run on every rank (see dist_util.run_ranks).
+
+Every rank starts its model from a different seed (BlockMomentum broadcasts
+rank 0's), trains on batches of its own, and compares with a reference:
+BMUF written out plainly in numpy float32, fed by an all_gather of the
+ranks' local models at each block end. Results are plain data.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import gradzip
+from gradzip.torch import BlockMomentum
+
+F32 = np.float32
+CODECS = ["none", "fp16", "bf16", "onebit", "onebit:ef=off", "topk:density=0.1",
+          "topk:density=0.1,select=sample"]
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+
+def local_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+
+
+def local_step(model: torch.nn.Module, opt: Any, rank: int, step: int) -> None:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def flat(model: torch.nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+
+
+def set_flat(model: torch.nn.Module, values: np.ndarray) -> None:
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(values.copy()), model.parameters())
+
+
+def gather(x: np.ndarray) -> List[np.ndarray]:
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    everyone = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, t)
+    return [e.numpy() for e in everyone]
+
+
+def same_on_every_rank(x: np.ndarray) -> bool:
+    return all(np.array_equal(x, e) for e in gather(x))
+
+
+def global_of(opt: BlockMomentum) -> np.ndarray:
+    return opt.state_dict()["global"].numpy()
+
+
+class Reference:
+    """BMUF, plainly: x = W (+ mu * Delta); G = mean(W_local - x); Delta =
+    mu * Delta + zeta * G; W = W + Delta. The average is the allreduce's:
+    each update through the codec, summed in rank order, times float32 1/P.
+
+    Overlapped: a block's average goes through the filter at the end of the
+    next block; meanwhile rank r starts from x + (its own update)."""
+
+    def __init__(self, w0: np.ndarray, world: int, mu: float, zeta: float, nesterov: bool, codec: str = "none",
+                 buckets: int = 1 << 26, carry_ef: bool = True, overlap: bool = False) -> None:
+        self.w, self.delta = w0.copy(), np.zeros_like(w0)
+        self.mu, self.zeta, self.nesterov = F32(mu), F32(zeta), nesterov
+        self.codec = gradzip.Codec(codec)
+        self.buckets = buckets
+        self.carry_ef = carry_ef
+        self.ef: Dict[tuple, gradzip.ErrorFeedback] = {}
+        self.overlap = overlap
+        self.pending: Optional[np.ndarray] = None
+        self.starts = [w0.copy() for _ in range(world)]  # where each rank's block started
+
+    def start(self) -> np.ndarray:
+        return self.delta * self.mu + self.w if self.nesterov else self.w.copy()
+
+    def average(self, updates: List[np.ndarray]) -> np.ndarray:
+        g = np.zeros_like(updates[0])
+        for lo in range(0, len(g), self.buckets):
+            part = g[lo:lo + self.buckets]
+            for r, update in enumerate(updates):
+                chunk = update[lo:lo + self.buckets].copy()
+                if self.codec.name == "none":
+                    part += chunk
+                else:
+                    key = (r, lo)
+                    if key not in self.ef or not self.carry_ef:
+                        self.ef[key] = gradzip.ErrorFeedback()
+                    self.codec.decode_accumulate(self.codec.encode(chunk, self.ef[key]), part)
+        return g * (F32(1) / F32(len(updates)))
+
+    def filter(self, g: np.ndarray) -> None:
+        if self.zeta != 1:
+            g = g * self.zeta
+        self.delta = self.delta * self.mu + g
+        self.w = self.w + self.delta
+
+    def end_block(self, local_models: List[np.ndarray], drain: bool = False) -> None:
+        """Then self.starts holds where each rank starts the next block."""
+        updates = [local - start for local, start in zip(local_models, self.starts)]
+        if self.pending is not None:
+            self.filter(self.pending)
+            self.pending = None
+        g = self.average(updates)
+        if self.overlap and not drain:
+            self.pending = g
+            self.starts = [self.start() + u for u in updates]
+        else:
+            self.filter(g)
+            self.starts = [self.start() for _ in updates]
+
+
+def against_reference(rank: int, world: int, steps: List[int], codec: str = "none", carry_ef: bool = True,
+                      **kwargs: Any) -> Dict[str, Any]:
+    """BlockMomentum and the reference side by side over blocks of the given
+    lengths (the last one ended by sync()); per block end, whether the model
+    (the next start) and W match bit for bit."""
+    model, ref_model = make_model(seed=rank), make_model(seed=0)  # rank 0's start is everyone's
+    opt = BlockMomentum(model, local_optimizer(model), block_steps=steps[0], codec=codec, **kwargs)
+    ref_local = local_optimizer(ref_model)
+    ref = Reference(flat(ref_model), world, opt.block_momentum, opt.block_lr, opt.nesterov, codec,
+                    kwargs.get("bucket_elements", 1 << 26), carry_ef, opt.overlap)
+    out: Dict[str, Any] = {"start": [], "global": []}
+    step = 0
+    for i, length in enumerate(steps):
+        for _ in range(length):
+            local_step(model, opt, rank, step)
+            local_step(ref_model, ref_local, rank, step)
+            step += 1
+        last = i == len(steps) - 1
+        if last:
+            opt.sync()
+        ref.end_block(gather(flat(ref_model)), drain=last)
+        set_flat(ref_model, ref.starts[rank])
+        out["start"].append(bool(np.array_equal(flat(model), ref.starts[rank])))
+        out["global"].append(bool(np.array_equal(global_of(opt), ref.w)))
+    out["moved"] = bool(np.abs(ref.w - flat(make_model(seed=0))).max() > 1e-3)
+    out["stats"] = opt.compression_stats()
+    opt.close()
+    return out
+
+
+def train(opt: BlockMomentum, model: torch.nn.Module, rank: int, first: int, steps: int) -> None:
+    for step in range(first, first + steps):
+        local_step(model, opt, rank, step)
+
+
+def identical_with_every_codec(rank: int, world: int) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for codec in CODECS:
+        for overlap in (False, True):
+            model = make_model(seed=rank)
+            opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec=codec, overlap=overlap,
+                                bucket_elements=40)
+            train(opt, model, rank, 0, 7)  # three blocks and one step
+            w = global_of(opt)
+            key = f"{codec}/overlap={overlap}"
+            out[f"global/{key}"] = same_on_every_rank(w) and bool(np.isfinite(w).all())
+            out[f"blocks/{key}"] = opt.compression_stats()["blocks"]
+            if not overlap:  # every rank starts a block from the same point
+                opt.sync()
+                out[f"start/{key}"] = same_on_every_rank(flat(model))
+            opt.close()
+    return out
+
+
+def resume(rank: int, world: int, codec: str, overlap: bool) -> Dict[str, Any]:
+    """Train 7 steps (H=3: two blocks and one step into the third), checkpoint,
+    train 8 more; then a fresh model and BlockMomentum restored from the
+    checkpoint train the same 8: the same bits. A third run restores only the
+    model and must differ (the checkpoint is what makes them equal)."""
+    kwargs = dict(block_steps=3, codec=codec, overlap=overlap, bucket_elements=40)
+
+    def fresh(seed: int):
+        model = make_model(seed)
+        return model, BlockMomentum(model, local_optimizer(model), **kwargs)
+
+    model, opt = fresh(rank)
+    train(opt, model, rank, 0, 7)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "bmuf": opt.state_dict()}, buf)
+    train(opt, model, rank, 7, 8)
+    opt.sync()
+    expected = (flat(model), global_of(opt))
+    opt.close()
+
+    def restored(with_bmuf: bool):
+        m, o = fresh(seed=100 + rank)  # construct first: it broadcasts rank 0's model ...
+        buf.seek(0)
+        ckpt = torch.load(buf, weights_only=True)
+        m.load_state_dict(ckpt["model"])  # ... which the checkpoint then replaces
+        if with_bmuf:
+            o.load_state_dict(ckpt["bmuf"])
+        train(o, m, rank, 7, 8)
+        o.sync()
+        got = (flat(m), global_of(o))
+        o.close()
+        return got
+
+    got = restored(True)
+    control = restored(False)
+    return {
+        "same": all(np.array_equal(a, b) for a, b in zip(expected, got)),
+        "control_differs": not np.array_equal(expected[1], control[1]),
+    }
+
+
+def diloco(rank: int, world: int) -> Dict[str, Any]:
+    """nesterov=True is DiLoCo's outer optimizer: torch SGD(lr=zeta,
+    momentum=mu, nesterov=True) on the outer gradient x - mean(W_local), with
+    x the point every block starts from (close, not bit-equal: other roundings)."""
+    model, outer_model = make_model(seed=rank), make_model(seed=0)
+    opt = BlockMomentum(model, local_optimizer(model), block_steps=4, codec="none", block_momentum=0.6,
+                        block_lr=0.7)
+    inner = local_optimizer(outer_model)
+    x = [p.detach().clone() for p in outer_model.parameters()]  # the outer parameters
+    outer = torch.optim.SGD(x, lr=0.7, momentum=0.6, nesterov=True)
+    worst = 0.0
+    for block in range(5):
+        for s in range(4):
+            local_step(model, opt, rank, 4 * block + s)
+            local_step(outer_model, inner, rank, 4 * block + s)
+        mean = np.mean(gather(flat(outer_model)), axis=0)
+        start = torch.cat([t.reshape(-1) for t in x]).numpy()
+        grads = torch.from_numpy((start - mean).astype(np.float32)).split([t.numel() for t in x])
+        for t, g in zip(x, grads):
+            t.grad = g.reshape(t.shape).clone()
+        outer.step()
+        with torch.no_grad():
+            for p, t in zip(outer_model.parameters(), x):
+                p.copy_(t)
+        worst = max(worst, float(np.abs(flat(model) - flat(outer_model)).max()))
+    opt.close()
+    return {"worst": worst}
+
+
+def module_buffers(rank: int, world: int) -> Dict[str, Any]:
+    """A module's float32 buffers (batch norm statistics) are averaged in
+    fp32 at each block end; integer buffers stay local."""
+    def net(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 3))
+
+    model, twin = net(seed=rank), net(seed=0)
+    opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="onebit")
+    twin_opt = local_optimizer(twin)
+    train(opt, model, rank, 0, 2)
+    train(twin_opt, twin, rank, 0, 2)  # the same block, without the exchange
+
+    def stats(m: torch.nn.Module) -> np.ndarray:
+        bn = m[1]
+        return torch.cat([bn.running_mean, bn.running_var]).numpy().copy()
+
+    expected = np.zeros_like(stats(twin))
+    for local in gather(stats(twin)):
+        expected += local
+    expected *= F32(1) / F32(world)
+    out = {"averaged": bool(np.array_equal(stats(model), expected)),
+           "differed_before": not same_on_every_rank(stats(twin)),
+           "steps_tracked": int(model[1].num_batches_tracked)}
+    opt.close()
+    return out
+
+
+def misuse(rank: int, world: int) -> Dict[str, Any]:
+    """Errors that need a process group: DDP, a mismatched checkpoint."""
+    out: Dict[str, Any] = {}
+    model = make_model(0)
+
+    def error(fn: Callable[[], Any]) -> Optional[str]:
+        try:
+            fn()
+        except ValueError as e:
+            return str(e)
+        return None
+
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(0))
+    out["ddp"] = error(lambda: BlockMomentum(ddp, local_optimizer(ddp)))
+    opt = BlockMomentum(model, local_optimizer(model), block_steps=2)
+    saved = opt.state_dict()
+    other = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="topk:density=0.1")
+    out["other_codec"] = error(lambda: other.load_state_dict(saved))
+    out["not_a_state"] = error(lambda: other.load_state_dict({"version": 99}))
+    out["truncated_state"] = error(lambda: other.load_state_dict({"version": 1, "config": {}}))
+    out["wrong_communicator"] = error(lambda: BlockMomentum(model, local_optimizer(model), communicator=object()))
+    # Ranks that disagree all get the error, naming the ones that differ.
+    out["disagree"] = error(lambda: BlockMomentum(model, local_optimizer(model),
+                                                  block_steps=2 + (rank == world - 1 and world > 1)))
+    # sync() with nothing to exchange does nothing; a partial block counts as one.
+    before = flat(model)
+    opt.sync()
+    out["empty_sync_keeps_model"] = bool(np.array_equal(before, flat(model)))
+    out["empty_sync_blocks"] = opt.compression_stats()["blocks"]
+    train(opt, model, rank, 0, 1)
+    opt.sync()
+    out["partial_block_blocks"] = opt.compression_stats()["blocks"]
+    for o in (opt, other):
+        o.close()
+    return out
+
+
+def suite(rank: int, world: int) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for nesterov in (True, False):
+        out[f"ref/nesterov={nesterov}"] = against_reference(
+            rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9, nesterov=nesterov, bucket_elements=20)
+    out["ref/defaults"] = against_reference(rank, world, [4, 4])
+    out["ref/overlap"] = against_reference(rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9,
+                                           overlap=True, bucket_elements=20)
+    out["misuse"] = misuse(rank, world)
+    if world > 1:
+        out["ref/onebit_ef"] = against_reference(rank, world, [2, 2, 2, 2], codec="onebit", algorithm="allgather",
+                                                 bucket_elements=20)
+        out["ref/onebit_ef_reset"] = against_reference(rank, world, [2, 2, 2, 2], codec="onebit",
+                                                       algorithm="allgather", bucket_elements=20, carry_ef=False)
+        out.update(identical_with_every_codec(rank, world))
+        for codec, overlap in (("onebit", False), ("onebit", True), ("topk:density=0.1,select=sample", False)):
+            out[f"resume/{codec}/overlap={overlap}"] = resume(rank, world, codec, overlap)
+        out["diloco"] = diloco(rank, world)
+        out["module_buffers"] = module_buffers(rank, world)
+    return out

@@ -1,0 +1,182 @@
+"""gradzip.torch.BlockMomentum (BMUF): the block math against a plain
+reference on 1 and 3 ranks, identical models with every codec, error
+feedback across blocks, checkpoints, and bad arguments.
+
+All multi-rank checks of one world size run in one set of processes
+(bmuf_workers.suite); the tests below read its results.
+"""
+
+import pytest
+import torch
+
+import gradzip
+from dist_util import run_ranks
+from gradzip.torch import BlockMomentum
+
+pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"] or not gradzip.BUILD["ucx"],
+                                reason="this gradzip build has no UCX transport")
+
+
+def _run(world):
+    import bmuf_workers
+
+    return run_ranks(bmuf_workers.suite, world, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    return _run(1)
+
+
+@pytest.fixture(scope="module")
+def three_ranks():
+    return _run(3)
+
+
+@pytest.fixture(params=["one_rank", "three_ranks"])
+def suite(request):
+    return request.getfixturevalue(request.param)
+
+
+def every_rank(suite, key):
+    return [r[key] for r in suite]
+
+
+@pytest.mark.parametrize("case", ["nesterov=True", "nesterov=False", "defaults", "overlap"])
+def test_block_math_equals_the_reference_exactly_with_codec_none(suite, case):
+    # Several blocks, a partial last block ended by sync(), mu and zeta set,
+    # the model split into buffers of 20 elements; overlap: each block's
+    # average applied one block late, each rank going on from its own update.
+    for r in every_rank(suite, f"ref/{case}"):
+        assert all(r["start"]) and all(r["global"]), r
+        assert r["moved"]
+
+
+def test_defaults_are_the_papers(suite):
+    world = len(suite)
+    stats = suite[0]["ref/defaults"]["stats"]
+    assert stats["blocks"] == 2 and stats["steps"] == 8
+    assert stats["elements"] == 53
+    if world == 1:
+        assert stats["wire_bytes_per_step"] == 0
+
+
+def test_error_feedback_is_carried_across_blocks(three_ranks):
+    # onebit over allgather: the reference encodes each rank's update with
+    # that rank's ErrorFeedback, kept from block to block ...
+    for r in every_rank(three_ranks, "ref/onebit_ef"):
+        assert all(r["start"]) and all(r["global"]), r
+    # ... and a reference that forgets it after each block does not match.
+    for r in every_rank(three_ranks, "ref/onebit_ef_reset"):
+        assert r["global"][0] and not all(r["global"][1:]), r
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("codec", ["none", "fp16", "bf16", "onebit", "onebit:ef=off", "topk:density=0.1",
+                                   "topk:density=0.1,select=sample"])
+def test_every_rank_holds_the_same_global_model(three_ranks, codec, overlap):
+    key = f"{codec}/overlap={overlap}"
+    assert all(every_rank(three_ranks, f"global/{key}"))
+    if not overlap:
+        assert all(every_rank(three_ranks, f"start/{key}"))
+    assert three_ranks[0][f"blocks/{key}"] == 3
+
+
+@pytest.mark.parametrize("case", ["onebit/overlap=False", "onebit/overlap=True",
+                                  "topk:density=0.1,select=sample/overlap=False"])
+def test_resume_from_checkpoint_is_bit_identical(three_ranks, case):
+    for r in every_rank(three_ranks, f"resume/{case}"):
+        assert r["same"], r
+        assert r["control_differs"], r
+
+
+def test_nesterov_is_diloco_outer_sgd(three_ranks):
+    for r in every_rank(three_ranks, "diloco"):
+        assert r["worst"] < 1e-5, r
+
+
+def test_module_buffers_are_averaged_at_block_ends(three_ranks):
+    for r in every_rank(three_ranks, "module_buffers"):
+        assert r["averaged"] and r["differed_before"], r
+        assert r["steps_tracked"] == 2
+
+
+def test_misuse_needing_a_process_group(suite):
+    m = suite[0]["misuse"]
+    assert "DistributedDataParallel" in m["ddp"]
+    assert "codec" in m["other_codec"]
+    assert "not a gradzip BlockMomentum" in m["not_a_state"]
+    assert "not a gradzip BlockMomentum" in m["truncated_state"]
+    assert "gradzip.Communicator" in m["wrong_communicator"]
+    if len(suite) > 1:
+        for r in every_rank(suite, "misuse"):
+            assert f"ranks {len(suite) - 1} differ from rank 0" in r["disagree"], r["disagree"]
+            assert "block_steps" in r["disagree"]
+    else:
+        assert m["disagree"] is None
+    assert m["empty_sync_keeps_model"] and m["empty_sync_blocks"] == 0
+    assert m["partial_block_blocks"] == 1
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"block_steps": 0}, "block_steps must be an integer >= 1"),
+    ({"block_steps": 2.5}, "block_steps"),
+    ({"block_steps": True}, "block_steps"),
+    ({"block_momentum": 1.0}, r"block_momentum must be in \[0, 1\)"),
+    ({"block_momentum": -0.1}, "block_momentum"),
+    ({"block_momentum": float("nan")}, "block_momentum"),
+    ({"block_lr": 0.0}, "block_lr must be a finite number > 0"),
+    ({"block_lr": float("inf")}, "block_lr"),
+    ({"nesterov": 1}, "nesterov must be True or False"),
+    ({"overlap": "yes"}, "overlap must be True or False"),
+    ({"algorithm": "ring"}, "unknown algorithm 'ring'"),
+    ({"bucket_elements": 0}, "bucket_elements"),
+])
+def test_bad_arguments_raise_value_error_with_a_reason(kwargs, match):
+    model = _model()
+    with pytest.raises(ValueError, match=match):
+        BlockMomentum(model, _sgd(model.parameters()), **kwargs)
+
+
+def test_bad_models_and_optimizers_raise_value_error():
+    model = _model()
+    params = list(model.parameters())
+    cases = [
+        (lambda: BlockMomentum(model, object()), "torch.optim.Optimizer"),
+        (lambda: BlockMomentum(params[0], _sgd(params)), "not a single tensor"),
+        (lambda: BlockMomentum(3, _sgd(params)), "nn.Module or an iterable"),
+        (lambda: BlockMomentum([], _sgd(params)), "no parameters"),
+        (lambda: BlockMomentum([{"params": params}], _sgd(params)), "not a tensor"),
+        (lambda: BlockMomentum(params + params[:1], _sgd(params)), "given twice"),
+        (lambda: BlockMomentum(params[:2], _sgd(params)), "does not synchronize"),
+        (lambda: BlockMomentum(model.double(), _sgd(model.parameters())), "float32"),
+    ]
+    for make, match in cases:
+        with pytest.raises(ValueError, match=match):
+            make()
+    meta = torch.nn.Parameter(torch.empty(3, device="meta"))
+    cpu = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="several devices"):
+        BlockMomentum([cpu, meta], _sgd([cpu, meta]))
+    model = _model()
+    with pytest.raises(gradzip.InvalidArgument):  # a ValueError too
+        BlockMomentum(model, _sgd(model.parameters()), codec="twobit")
+
+
+def test_needs_a_communicator_or_a_process_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is up")
+    model = _model()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        BlockMomentum(model, _sgd(model.parameters()))
