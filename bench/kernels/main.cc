@@ -51,8 +51,9 @@ class RecordingReporter : public benchmark::ConsoleReporter {
 };
 
 // "% of copy" for the codecs of one family (cpu: elements/s; cuda: bytes/s).
+// Dense lossy codecs are held to the targets at n = 16M.
 void summarize_family(const RecordingReporter& rep, const char* enc, const char* dec, const char* copy,
-                      bool by_bytes, double target) {
+                      bool by_bytes, double enc_target, double dec_target) {
   bool header = false;
   for (std::size_t n : sizes()) {
     const std::string sn = size_name(n);
@@ -60,9 +61,10 @@ void summarize_family(const RecordingReporter& rep, const char* enc, const char*
     if (!base) continue;
     const double base_rate = by_bytes ? base->bytes : base->items;
     if (!header) {
-      std::printf("\n# %s / %s vs %s (%s per second, same run); target >= %.0f%% for fp16, bf16, onebit at n = 16M\n",
-                  enc, dec, copy, by_bytes ? "bytes moved" : "elements", target * 100);
-      std::printf("# %-8s %12s %10s %10s\n", "codec", "n", "encode", "decode");
+      std::printf("\n# %s / %s vs %s (%s per second, same run); targets for dense lossy codecs at n = 16M: "
+                  "encode >= %.0f%%, decode >= %.0f%%\n",
+                  enc, dec, copy, by_bytes ? "bytes moved" : "elements", enc_target * 100, dec_target * 100);
+      std::printf("# %-12s %12s %10s %10s\n", "codec", "n", "encode", "decode");
       header = true;
     }
     for (const BenchCodec& c : bench_codecs()) {
@@ -71,17 +73,16 @@ void summarize_family(const RecordingReporter& rep, const char* enc, const char*
       if (!e && !d) continue;
       const double er = e ? (by_bytes ? e->bytes : e->items) / base_rate : 0;
       const double dr = d ? (by_bytes ? d->bytes : d->items) / base_rate : 0;
-      const bool targeted = n == (std::size_t{16} << 20) && std::string(c.name) != "none" &&
-                            std::string(c.name) != "topk";
-      std::printf("  %-8s %12zu %9.0f%% %9.0f%%%s\n", c.name, n, 100 * er, 100 * dr,
-                  targeted ? (er >= target && dr >= target ? "  target met" : "  target MISSED") : "");
+      const bool targeted = n == (std::size_t{16} << 20) && c.targeted();
+      std::printf("  %-12s %12zu %9.0f%% %9.0f%%%s\n", c.name.c_str(), n, 100 * er, 100 * dr,
+                  targeted ? (er >= enc_target && dr >= dec_target ? "  target met" : "  target MISSED") : "");
     }
   }
 }
 
 void summarize(const RecordingReporter& rep) {
-  summarize_family(rep, "encode", "decode", "copy", false, 0.40);
-  summarize_family(rep, "encode_cuda", "decode_cuda", "copy_cuda", true, 0.85);
+  summarize_family(rep, "encode", "decode", "copy", false, 0.40, 0.60);
+  summarize_family(rep, "encode_cuda", "decode_cuda", "copy_cuda", true, 0.85, 0.85);
   bool header = false;
   for (const auto& [name, rates] : rep.runs) {
     if (name.rfind("topk_select/", 0) != 0) continue;

@@ -137,11 +137,34 @@ class Codec(_CoreCodec):
         total = np.zeros_like(grad)
         codec.decode_accumulate(payload, total)   # total += decoded
 
-    Spec strings: ``none``, ``fp16``, ``bf16``, ``onebit[:block=B]``,
-    ``topk[:density=D|k=K][,select=exact|sample]``, each with ``ef=on|off``.
+    Spec strings: ``name[:key=value,...]``; :func:`gradzip.codec_info` lists the
+    codecs and their keys (README.md, "Codecs", explains them). Every codec
+    takes ``ef=on|off``.
     A Codec is not meant for concurrent calls from several threads (they are
     serialised by a lock).
+
+    Scratch memory: the C++ codec takes a workspace on every call and never
+    allocates (CUB's two phases); this wrapper keeps one per codec, per host and
+    per (CUDA device, stream), grown when a larger call needs more. Calls on one
+    stream are ordered, so reusing that stream's workspace is safe.
     """
+
+    def __init__(self, spec: str) -> None:
+        super().__init__(spec)
+        self._workspaces: Dict[Any, Any] = {}
+
+    def _workspace(self, like: Any, n: int, stream: int, torch: Any) -> Any:
+        """The cached workspace for a call on n elements beside `like` (None when none is needed)."""
+        need = self.workspace_bytes(n, "cpu" if torch is None else "cuda")
+        if need == 0:
+            return None
+        key = "cpu" if torch is None else (str(like.device), stream)
+        ws = self._workspaces.get(key)
+        if ws is None or _arrays.numel(ws) < need:
+            ws = np.empty(need, dtype=np.uint8) if torch is None else torch.empty(need, dtype=torch.uint8,
+                                                                                    device=like.device)
+            self._workspaces[key] = ws
+        return ws
 
     def encode(self, grad: Any, state: Optional[ErrorFeedback] = None, *, out: Any = None) -> Any:
         """Compresses grad into a new payload (or into ``out``) and returns it.
@@ -174,11 +197,7 @@ class Codec(_CoreCodec):
             payload = _arrays.as_input(out, "out")
             _arrays.check_writable(payload, "out")
         with _arrays.cuda_call(grad) as (stream, torch):
-            workspace = None
-            if torch is not None:
-                ws_bytes = self.workspace_bytes(n, "cuda")
-                if ws_bytes:
-                    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=grad.device)
+            workspace = self._workspace(grad, n, stream, torch)
             nbytes = self.encode_into(grad, residual, payload, stream=stream, workspace=workspace)
         return payload.reshape(-1)[:nbytes]
 
@@ -192,11 +211,7 @@ class Codec(_CoreCodec):
         out = _arrays.as_input(out, "out")
         _arrays.check_writable(out, "out")
         with _arrays.cuda_call(out) as (stream, torch):
-            workspace = None
-            if torch is not None:
-                ws_bytes = self.workspace_bytes(_arrays.numel(out), "cuda")
-                if ws_bytes:
-                    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=out.device)
+            workspace = self._workspace(out, _arrays.numel(out), stream, torch)
             self.decode_accumulate_into(payload, out, stream=stream, workspace=workspace)
 
     def decode(self, payload: Any, n: Optional[int] = None) -> Any:

@@ -40,7 +40,7 @@ void set_header(Encoded& e, const wire::Header& h) { wire::write_header(h, e.dat
 void expect_rejected(Codec& codec, const Encoded& e, std::size_t bytes, std::size_t n, const std::string& what) {
   std::vector<float> out(n, 42.0f);
   try {
-    codec.decode_accumulate(e.data(), bytes, out.data(), n);
+    test::decode_into(codec, e.data(), bytes, out.data(), n);
     ADD_FAILURE() << "payload accepted, expected an error mentioning '" << what << "'";
   } catch (const PayloadError& err) {
     EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
