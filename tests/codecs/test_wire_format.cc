@@ -93,7 +93,7 @@ TEST(WireFormat, RejectsOtherVersion) {
 }
 
 TEST(WireFormat, RejectsUnknownCodecId) {
-  for (std::uint16_t id : {0, 6, 0xFFFF}) {
+  for (std::uint16_t id : {0, kLastCodecId + 1, 0xFFFF}) {
     Fixture f = make("fp16", 16);
     wire::Header h = header_of(f.payload);
     h.codec = static_cast<CodecId>(id);
