@@ -73,6 +73,10 @@ struct ExecContext {
   /// CUDA decode only: device status word that receives the verdict instead of
   /// a synchronizing throw (see "CUDA" above). Zero it before first use.
   PayloadStatus* status = nullptr;
+  /// The training step, for codecs that draw random numbers (qsgd's
+  /// stochastic rounding): the same (seed, step, element) gives the same bits,
+  /// on the CPU and on the GPU, run after run. Advance it once per step.
+  std::uint64_t step = 0;
 };
 
 /// A payload whose header has been read and validated (host memory).

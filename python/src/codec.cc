@@ -51,7 +51,7 @@ gz::ExecContext make_context(const Span& data, const char* name, std::uintptr_t 
 }
 
 std::size_t encode_into(CodecHandle& self, const InArray& grad, const OutArray& residual, const OutArray& payload,
-                        std::uintptr_t stream, const OutArray& workspace) {
+                        std::uintptr_t stream, const OutArray& workspace, std::uint64_t step) {
   gz::Codec& codec = self.codec();
   const Span g = check_array(grad, Elem::F32, "grad");
   const Span p = check_array(payload, Elem::U8, "payload");
@@ -71,7 +71,8 @@ std::size_t encode_into(CodecHandle& self, const InArray& grad, const OutArray& 
     check_disjoint(g, g.count * 4, "grad", r, r.count * 4, "residual");
     check_disjoint(r, r.count * 4, "residual", p, p.count, "payload");
   }
-  const gz::ExecContext ctx = make_context(g, "grad", stream, workspace);
+  gz::ExecContext ctx = make_context(g, "grad", stream, workspace);
+  ctx.step = step;
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(self.mutex());
   return codec.encode(static_cast<const float*>(g.data), static_cast<float*>(r.data), g.count,
@@ -126,14 +127,15 @@ void bind_codec(nb::module_& m) {
            "encode_into / decode_accumulate_into need a workspace of that many bytes when it is not 0.")
       .def("encode_into", &encode_into, nb::arg("grad").noconvert(), nb::arg("residual").noconvert().none(),
            nb::arg("payload").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
-           nb::arg("workspace").noconvert().none() = nb::none(),
+           nb::arg("workspace").noconvert().none() = nb::none(), nb::arg("step") = 0,
            nb::sig("def encode_into(self, grad: object, residual: object | None, payload: object, *, "
-                   "stream: int = 0, workspace: object | None = None) -> int"),
+                   "stream: int = 0, workspace: object | None = None, step: int = 0) -> int"),
            "Encodes grad (float32, contiguous) into payload (uint8, at least max_payload_bytes(n) bytes),\n"
            "updating residual in place (error feedback: v = grad + residual; payload = Q(v);\n"
            "residual = v - D(payload)). Returns the payload's size in bytes.\n\n"
            "All arrays must be on one device, workspace (uint8) included, which must hold\n"
-           "workspace_bytes(n, device) bytes (it may be None when that is 0). For CUDA arrays, stream is\n"
+           "workspace_bytes(n, device) bytes (it may be None when that is 0). step keys the random draws of\n"
+           "codecs that make any (qsgd's stochastic rounding): same step, same bits. For CUDA arrays, stream is\n"
            "the cudaStream_t (an int; 0 is the legacy default stream); the call is queued on that stream.\n"
            "The GIL is released while it runs.")
       .def("decode_accumulate_into", &decode_accumulate_into, nb::arg("payload").noconvert(),
