@@ -21,6 +21,7 @@
 
 #include "kernels/cast.h"
 #include "kernels/onebit.h"
+#include "kernels/qsgd.h"
 #include "kernels/topk.h"
 
 #define GZ_CODEC_REGISTRY(X)                 \
@@ -28,7 +29,8 @@
   X(Fp16, 2, fp16, kernels::CastLayout)      \
   X(Bf16, 3, bf16, kernels::CastLayout)      \
   X(OneBit, 4, onebit, kernels::OnebitLayout) \
-  X(TopK, 5, topk, kernels::TopkLayout)
+  X(TopK, 5, topk, kernels::TopkLayout)      \
+  X(Qsgd, 6, qsgd, kernels::QsgdLayout)
 
 namespace gz {
 

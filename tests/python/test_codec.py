@@ -197,7 +197,8 @@ class TestErrors:
             codec.decode_accumulate(payload, np.zeros(N, np.float32))
 
 
-@pytest.mark.parametrize("spec", ["onebit", "topk:density=0.01", "topk:density=0.02,select=sample"])
+@pytest.mark.parametrize("spec", ["onebit", "topk:density=0.01", "topk:density=0.02,select=sample",
+                                  "qsgd:bits=2,stochastic=on"])
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
 def test_state_dict_restores_bit_identically(spec, framework):
     codec = gradzip.Codec(spec)
@@ -226,6 +227,20 @@ def test_state_dict_restores_bit_identically(spec, framework):
 
     with pytest.raises(gradzip.InvalidArgument):
         gradzip.ErrorFeedback().load_state_dict({"version": 99})
+
+
+def test_stochastic_rounding_is_keyed_by_the_state_step():
+    codec = gradzip.Codec("qsgd:stochastic=on")
+    g = grad(3)
+    a, b = gradzip.ErrorFeedback(), gradzip.ErrorFeedback()
+    first = bytes(codec.encode(g, a))
+    assert a.step == 1
+    assert bytes(codec.encode(g, b)) == first  # same residual, same step: same bits
+    b.reset()
+    assert bytes(codec.encode(g, b, step=7)) != first  # another step: other draws
+    off = gradzip.Codec("qsgd:stochastic=on,ef=off")
+    assert bytes(off.encode(g, step=2)) == bytes(off.encode(g, step=2))
+    assert bytes(off.encode(g, step=2)) != bytes(off.encode(g, step=3))
 
 
 def test_numpy_state_restores_into_torch():
