@@ -42,11 +42,15 @@ GZ_HD Philox4 philox4x32_10(Philox4 c, std::uint32_t k0, std::uint32_t k1) {
   return c;
 }
 
-/// The block of four draws for elements 4*block .. 4*block+3 at (seed, step).
+/// The second key word ("gzdz"): keeps seed 0 off the all-zero key.
+inline constexpr std::uint32_t kPhiloxKey1 = 0x6772647Au;
+
+/// The block of four draws for elements 4*block .. 4*block+3 at (seed, step):
+/// counter (block, step) as four 32-bit words, low first; key (seed, kPhiloxKey1).
 GZ_HD Philox4 philox_block(std::uint32_t seed, std::uint64_t step, std::uint64_t block) {
   const Philox4 counter{{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
                          static_cast<std::uint32_t>(step), static_cast<std::uint32_t>(step >> 32)}};
-  return philox4x32_10(counter, seed, 0x6772647Au /* "gzdz": keeps seed 0 off the all-zero key */);
+  return philox4x32_10(counter, seed, kPhiloxKey1);
 }
 
 /// A 32-bit draw as a float in [0, 1): its top 24 bits times 2^-24 (exact).

@@ -130,6 +130,45 @@ inline void or_quads(__m256i x, std::uint32_t* out) {
   out[1] = static_cast<std::uint32_t>(_mm_cvtsi128_si32(hi));
 }
 
+// Philox4x32-10 on 8 blocks at once (lane l: block first + l), the lanes'
+// twin of philox_block; the 32 draws of elements 4 first .. 4 first + 31 go
+// to out in element order as uniform_from_bits.
+inline void mulhilo8(std::uint32_t m, __m256i b, __m256i& hi, __m256i& lo) {
+  const __m256i mv = _mm256_set1_epi32(static_cast<int>(m));
+  const __m256i even = _mm256_mul_epu32(mv, b);                        // lanes 0, 2, 4, 6 as 64-bit products
+  const __m256i odd = _mm256_mul_epu32(mv, _mm256_srli_epi64(b, 32));  // lanes 1, 3, 5, 7
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+
+void dithers_avx2(const QsgdRounding& rnd, std::size_t i, float* out) {
+  const std::uint64_t first = i / 4;
+  __m256i w0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first))),
+                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  // The high counter word: first is a multiple of 8, so first + l never carries out of the low word.
+  __m256i w1 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first >> 32)));
+  __m256i w2 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(rnd.step)));
+  __m256i w3 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(rnd.step >> 32)));
+  std::uint32_t k0 = rnd.seed, k1 = kPhiloxKey1;
+  for (int round = 0; round < 10; ++round) {
+    __m256i hi0, lo0, hi1, lo1;
+    mulhilo8(detail::kPhiloxM0, w0, hi0, lo0);
+    mulhilo8(detail::kPhiloxM1, w2, hi1, lo1);
+    const __m256i n0 = _mm256_xor_si256(_mm256_xor_si256(hi1, w1), _mm256_set1_epi32(static_cast<int>(k0)));
+    const __m256i n2 = _mm256_xor_si256(_mm256_xor_si256(hi0, w3), _mm256_set1_epi32(static_cast<int>(k1)));
+    w0 = n0, w1 = lo1, w2 = n2, w3 = lo0;
+    k0 += detail::kPhiloxW0;
+    k1 += detail::kPhiloxW1;
+  }
+  const __m256 scale = _mm256_set1_ps(0x1p-24f);
+  alignas(32) float u[4][8];
+  const __m256i words[4] = {w0, w1, w2, w3};
+  for (int k = 0; k < 4; ++k)
+    _mm256_store_ps(u[k], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[k], 8)), scale));
+  for (int l = 0; l < 8; ++l)
+    for (int k = 0; k < 4; ++k) out[4 * l + k] = u[k][l];
+}
+
 inline __m256 nonfinite_mask(__m256 v) {
   const __m256i e = _mm256_set1_epi32(0x7F800000);
   return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), e), e));
@@ -198,7 +237,7 @@ void group_avx2(const float* g, float* r, std::size_t i, const Bucket& b, std::u
   const __m256 top = _mm256_set1_ps(static_cast<float>(qsgd_levels(bits)));
   __m256i q[4];
   if (rnd.stochastic) {
-    dithers(rnd, i, kGroup, dither);
+    dithers_avx2(rnd, i, dither);
     for (int k = 0; k < 4; ++k) q[k] = levels8<kEf>(g, r, i + 8 * k, b, _mm256_load_ps(dither + 8 * k), top);
   } else {
     for (int k = 0; k < 4; ++k) q[k] = levels8<kEf>(g, r, i + 8 * k, b, _mm256_set1_ps(0.5f), top);
