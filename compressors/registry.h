@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "kernels/cast.h"
+#include "kernels/fp8.h"
 #include "kernels/onebit.h"
 #include "kernels/qsgd.h"
 #include "kernels/topk.h"
@@ -30,7 +31,8 @@
   X(Bf16, 3, bf16, kernels::CastLayout)      \
   X(OneBit, 4, onebit, kernels::OnebitLayout) \
   X(TopK, 5, topk, kernels::TopkLayout)      \
-  X(Qsgd, 6, qsgd, kernels::QsgdLayout)
+  X(Qsgd, 6, qsgd, kernels::QsgdLayout)      \
+  X(Fp8, 7, fp8, kernels::Fp8Layout)
 
 namespace gz {
 
