@@ -10,23 +10,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu_loops.h"
 #include "kernels/error_feedback.h"
 #include "kernels/fp8.h"
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#define GZ_CPU_AVX2 1
-#endif
 
 namespace gz::kernels::cpu {
 namespace {
 
-constexpr std::size_t kPrefetchAhead = 1024;  // elements (4 KiB)
-
-template <bool kEf>
-inline float input(const float* g, const float* r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
-}
+using namespace detail;
 
 template <class Fmt, bool kEf>
 inline void convert_one(const float* g, float* r, std::size_t i, Fp8Scale s, std::uint8_t* codes) {
@@ -38,11 +29,6 @@ inline void convert_one(const float* g, float* r, std::size_t i, Fp8Scale s, std
 
 #if GZ_CPU_AVX2
 inline __m256i splat(std::uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
-
-inline __m256i nonfinite_mask(__m256i bits) {
-  const __m256i e = splat(0x7F800000u);
-  return _mm256_cmpeq_epi32(_mm256_and_si256(bits, e), e);
-}
 
 template <class Fmt>
 struct Lanes {
@@ -91,13 +77,6 @@ struct Lanes {
   }
 };
 
-template <bool kEf>
-inline __m256 input8(const float* g, const float* r, std::size_t i) {
-  __m256 v = _mm256_loadu_ps(g + i);
-  if constexpr (kEf) v = _mm256_add_ps(v, _mm256_loadu_ps(r + i));
-  return v;
-}
-
 // Pass 1 on 8 lanes: max of the finite |v| (exact in any order).
 template <bool kEf>
 float amax_avx2(const float* g, const float* r, std::size_t begin, std::size_t end) {
@@ -106,9 +85,9 @@ float amax_avx2(const float* g, const float* r, std::size_t begin, std::size_t e
   for (; i + 8 <= end; i += 8) {
     __builtin_prefetch(g + i + kPrefetchAhead);
     if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead, 1);
-    const __m256i bits = _mm256_castps_si256(input8<kEf>(g, r, i));
-    const __m256i a = _mm256_andnot_si256(nonfinite_mask(bits), _mm256_and_si256(bits, splat(0x7FFFFFFFu)));
-    m = _mm256_max_ps(m, _mm256_castsi256_ps(a));
+    const __m256 v = input8<kEf>(g, r, i);
+    const __m256 a = _mm256_and_ps(v, _mm256_castsi256_ps(splat(0x7FFFFFFFu)));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(nonfinite_mask(v), a));
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, m);
@@ -123,10 +102,8 @@ template <class Fmt, bool kEf>
 inline __m256i convert8(const float* g, float* r, std::size_t i, Fp8Scale s) {
   const __m256 v = input8<kEf>(g, r, i);
   const __m256i c = Lanes<Fmt>::encode(_mm256_mul_ps(v, _mm256_set1_ps(s.inv)));
-  if constexpr (kEf) {  // ef_residual(v, fp8_value(c, scale))
-    const __m256 res = _mm256_sub_ps(v, _mm256_mul_ps(Lanes<Fmt>::decode(c), _mm256_set1_ps(s.scale)));
-    _mm256_storeu_ps(r + i, _mm256_andnot_ps(_mm256_castsi256_ps(nonfinite_mask(_mm256_castps_si256(res))), res));
-  }
+  if constexpr (kEf)  // ef_residual(v, fp8_value(c, scale))
+    _mm256_storeu_ps(r + i, ef_residual8(v, _mm256_mul_ps(Lanes<Fmt>::decode(c), _mm256_set1_ps(s.scale))));
   return c;
 }
 

@@ -11,24 +11,16 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu_loops.h"
 #include "kernels/error_feedback.h"
 #include "kernels/qsgd.h"
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#define GZ_CPU_AVX2 1
-#endif
 
 namespace gz::kernels::cpu {
 namespace {
 
-constexpr std::size_t kGroup = 32;
-constexpr std::size_t kPrefetchAhead = 1024;  // elements (4 KiB)
+using namespace detail;
 
-template <bool kEf>
-inline float input(const float* g, const float* r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
-}
+constexpr std::size_t kGroup = 32;
 
 /// The dithers of elements [i, i + count) (count a multiple of 4, i too).
 inline void dithers(const QsgdRounding& rnd, std::size_t i, std::size_t count, float* out) {
@@ -152,13 +144,13 @@ void dithers_avx2(const QsgdRounding& rnd, std::size_t i, float* out) {
   std::uint32_t k0 = rnd.seed, k1 = kPhiloxKey1;
   for (int round = 0; round < 10; ++round) {
     __m256i hi0, lo0, hi1, lo1;
-    mulhilo8(detail::kPhiloxM0, w0, hi0, lo0);
-    mulhilo8(detail::kPhiloxM1, w2, hi1, lo1);
+    mulhilo8(kernels::detail::kPhiloxM0, w0, hi0, lo0);
+    mulhilo8(kernels::detail::kPhiloxM1, w2, hi1, lo1);
     const __m256i n0 = _mm256_xor_si256(_mm256_xor_si256(hi1, w1), _mm256_set1_epi32(static_cast<int>(k0)));
     const __m256i n2 = _mm256_xor_si256(_mm256_xor_si256(hi0, w3), _mm256_set1_epi32(static_cast<int>(k1)));
     w0 = n0, w1 = lo1, w2 = n2, w3 = lo0;
-    k0 += detail::kPhiloxW0;
-    k1 += detail::kPhiloxW1;
+    k0 += kernels::detail::kPhiloxW0;
+    k1 += kernels::detail::kPhiloxW1;
   }
   const __m256 scale = _mm256_set1_ps(0x1p-24f);
   alignas(32) float u[4][8];
@@ -167,18 +159,6 @@ void dithers_avx2(const QsgdRounding& rnd, std::size_t i, float* out) {
     _mm256_store_ps(u[k], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[k], 8)), scale));
   for (int l = 0; l < 8; ++l)
     for (int k = 0; k < 4; ++k) out[4 * l + k] = u[k][l];
-}
-
-inline __m256 nonfinite_mask(__m256 v) {
-  const __m256i e = _mm256_set1_epi32(0x7F800000);
-  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), e), e));
-}
-
-template <bool kEf>
-inline __m256 input8(const float* g, const float* r, std::size_t i) {
-  __m256 v = _mm256_loadu_ps(g + i);
-  if constexpr (kEf) v = _mm256_add_ps(v, _mm256_loadu_ps(r + i));
-  return v;
 }
 
 // Pass 1 on 8 lanes; the lane order of min and max does not matter (exact).
@@ -224,8 +204,7 @@ inline __m256i levels8(const float* g, float* r, std::size_t i, const Bucket& b,
   if constexpr (kEf) {  // ef_residual(v, qsgd_value(q, scale))
     const __m256 d = _mm256_add_ps(_mm256_set1_ps(b.scale.lo),
                                    _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(b.scale.unit)));
-    const __m256 res = _mm256_sub_ps(v, d);
-    _mm256_storeu_ps(r + i, _mm256_andnot_ps(nonfinite_mask(res), res));
+    _mm256_storeu_ps(r + i, ef_residual8(v, d));
   }
   return q;
 }
