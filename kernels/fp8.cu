@@ -18,11 +18,6 @@ using namespace detail;
 
 constexpr int kMaxChunks = 16;  // registers hold blocks of up to 512 elements
 
-template <bool kEf>
-__device__ __forceinline__ float input(const float* __restrict__ g, const float* __restrict__ r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
-}
-
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
@@ -58,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
       float amax = 0.0f;
 #pragma unroll
       for (int c = 0; c < kMaxChunks; ++c)
-        if (c * 32 + lane < len) amax = fp8_amax(amax, v[c] = input<kEf>(g, r, begin + c * 32 + lane));
+        if (c * 32 + lane < len) amax = fp8_amax(amax, v[c] = ef_input<kEf>(g, r, begin + c * 32 + lane));
       const Fp8Scale s = fp8_scale<Fmt>(warp_max(amax));
       if (lane == 0) scales[b] = s.scale;
 #pragma unroll
@@ -66,10 +61,10 @@ __global__ void __launch_bounds__(kThreads)
         if (c * 32 + lane < len) convert<Fmt, kEf>(v[c], r, begin + c * 32 + lane, s, codes);
     } else {
       float amax = 0.0f;
-      for (std::uint32_t j = lane; j < len; j += 32) amax = fp8_amax(amax, input<kEf>(g, r, begin + j));
+      for (std::uint32_t j = lane; j < len; j += 32) amax = fp8_amax(amax, ef_input<kEf>(g, r, begin + j));
       const Fp8Scale s = fp8_scale<Fmt>(warp_max(amax));
       if (lane == 0) scales[b] = s.scale;
-      for (std::uint32_t j = lane; j < len; j += 32) convert<Fmt, kEf>(input<kEf>(g, r, begin + j), r, begin + j, s, codes);
+      for (std::uint32_t j = lane; j < len; j += 32) convert<Fmt, kEf>(ef_input<kEf>(g, r, begin + j), r, begin + j, s, codes);
     }
   }
 }
@@ -95,9 +90,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[e] = fp8_value<Fmt>((word >> (8 * e)) & 0xFFu, scales[(i + e) / block]);
       }
-      float4 o = reinterpret_cast<float4*>(out)[u];
-      o.x += d[0], o.y += d[1], o.z += d[2], o.w += d[3];
-      reinterpret_cast<float4*>(out)[u] = o;
+      accumulate4(out, u, d);
     }
     tail = units * 4;
   }

@@ -21,22 +21,6 @@ using namespace detail;
 
 constexpr int kMaxChunks = 16;  // registers hold buckets of up to 512 elements
 
-// Scales sit in the payload, which is only 4-byte aligned: move them as two floats.
-__device__ __forceinline__ void store_scale(QsgdScale* scales, std::size_t b, QsgdScale s) {
-  float* p = reinterpret_cast<float*>(scales) + 2 * b;
-  p[0] = s.lo;
-  p[1] = s.unit;
-}
-__device__ __forceinline__ QsgdScale load_scale(const QsgdScale* scales, std::size_t b) {
-  const float* p = reinterpret_cast<const float*>(scales) + 2 * b;
-  return QsgdScale{p[0], p[1]};
-}
-
-template <bool kEf>
-__device__ __forceinline__ float input(const float* __restrict__ g, const float* __restrict__ r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
-}
-
 __device__ __forceinline__ std::uint32_t warp_or(std::uint32_t x) {
 #if __CUDA_ARCH__ >= 800
   return __reduce_or_sync(kFullMask, x);
@@ -114,10 +98,10 @@ __global__ void __launch_bounds__(kThreads)
       Range range;
 #pragma unroll
       for (int c = 0; c < kMaxChunks; ++c)
-        if (c * 32 + lane < len) range.add(v[c] = input<kEf>(g, r, begin + c * 32 + lane));
+        if (c * 32 + lane < len) range.add(v[c] = ef_input<kEf>(g, r, begin + c * 32 + lane));
       const QsgdScale s = range.warp_scale(bits);
       const float inv = qsgd_inverse(s.unit);
-      if (lane == 0) store_scale(scales, b, s);
+      if (lane == 0) store_pair(scales, b, s);
 #pragma unroll
       for (int c = 0; c < kMaxChunks; ++c) {
         if (c < static_cast<int>(chunks)) {
@@ -128,13 +112,13 @@ __global__ void __launch_bounds__(kThreads)
       }
     } else {
       Range range;
-      for (std::uint32_t j = lane; j < len; j += 32) range.add(input<kEf>(g, r, begin + j));
+      for (std::uint32_t j = lane; j < len; j += 32) range.add(ef_input<kEf>(g, r, begin + j));
       const QsgdScale s = range.warp_scale(bits);
       const float inv = qsgd_inverse(s.unit);
-      if (lane == 0) store_scale(scales, b, s);
+      if (lane == 0) store_pair(scales, b, s);
       for (std::uint32_t c = 0; c < chunks; ++c) {
         const std::uint32_t j = c * 32 + lane;
-        const std::uint32_t q = j < len ? quantize<kEf>(input<kEf>(g, r, begin + j), r, begin + j, s, inv, levels, rnd)
+        const std::uint32_t q = j < len ? quantize<kEf>(ef_input<kEf>(g, r, begin + j), r, begin + j, s, inv, levels, rnd)
                                         : 0u;
         store_group_words(q, bits, group0 + c, total_words, words, lane);
       }
@@ -153,9 +137,9 @@ __global__ void __launch_bounds__(kThreads)
     const std::size_t begin = b * bucket;
     const std::uint32_t len = static_cast<std::uint32_t>(n - begin < bucket ? n - begin : bucket);
     Range range;
-    for (std::uint32_t j = lane; j < len; j += 32) range.add(input<kEf>(g, r, begin + j));
+    for (std::uint32_t j = lane; j < len; j += 32) range.add(ef_input<kEf>(g, r, begin + j));
     const QsgdScale s = range.warp_scale(bits);
-    if (lane == 0) store_scale(scales, b, s);
+    if (lane == 0) store_pair(scales, b, s);
   }
 }
 
@@ -174,8 +158,8 @@ __global__ void __launch_bounds__(kThreads)
     const std::size_t i = grp * 32 + lane;
     std::uint32_t q = 0;
     if (i < n) {
-      const QsgdScale s = load_scale(scales, i / bucket);
-      q = quantize<kEf>(input<kEf>(g, r, i), r, i, s, qsgd_inverse(s.unit), levels, rnd);
+      const QsgdScale s = load_pair(scales, i / bucket);
+      q = quantize<kEf>(ef_input<kEf>(g, r, i), r, i, s, qsgd_inverse(s.unit), levels, rnd);
     }
     store_group_words(q, bits, grp, total_words, words, lane);
   }
@@ -195,22 +179,20 @@ __global__ void __launch_bounds__(kThreads)
       const std::size_t b0 = i / bucket;
       float d[4];
       if ((i + 3) / bucket == b0) {
-        const QsgdScale s = load_scale(scales, b0);
+        const QsgdScale s = load_pair(scales, b0);
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[e] = qsgd_value(qsgd_code_at(words, i + e, bits), s);
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          d[e] = qsgd_value(qsgd_code_at(words, i + e, bits), load_scale(scales, (i + e) / bucket));
+          d[e] = qsgd_value(qsgd_code_at(words, i + e, bits), load_pair(scales, (i + e) / bucket));
       }
-      float4 o = reinterpret_cast<float4*>(out)[u];
-      o.x += d[0], o.y += d[1], o.z += d[2], o.w += d[3];
-      reinterpret_cast<float4*>(out)[u] = o;
+      accumulate4(out, u, d);
     }
     tail = units * 4;
   }
   for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
-    out[i] += qsgd_value(qsgd_code_at(words, i, bits), load_scale(scales, i / bucket));
+    out[i] += qsgd_value(qsgd_code_at(words, i, bits), load_pair(scales, i / bucket));
 }
 
 }  // namespace

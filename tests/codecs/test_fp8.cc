@@ -331,14 +331,7 @@ TEST(Fp8, PayloadSizeFormula) {
 TEST(Fp8, SpecKeysAndMessages) {
   EXPECT_EQ(parse_spec("fp8").canonical(), "fp8:format=e4m3,block=512");
   EXPECT_EQ(parse_spec("fp8:block=64,format=e5m2,ef=off").canonical(), "fp8:format=e5m2,block=64,ef=off");
-  auto error_of = [](const char* spec) {
-    try {
-      parse_spec(spec);
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  const auto error_of = test::spec_error;
   EXPECT_NE(error_of("fp8:format=e3m4").find("format must be e4m3 or e5m2"), std::string::npos);
   EXPECT_NE(error_of("fp8:block=0").find("block must be in [1, 2^24 - 1]"), std::string::npos);
   EXPECT_NE(error_of("fp8:bits=8").find("valid keys: format, block, ef"), std::string::npos);
@@ -349,16 +342,7 @@ TEST(Fp8, RejectsBadHeaderParams) {
   auto codec = make_codec("fp8");
   const test::Encoded e = encode("fp8:ef=off", g, nullptr);
   auto expect_error = [&](std::uint32_t param, const std::string& what) {
-    test::Encoded bad = e;
-    std::memcpy(bad.data() + 8, &param, 4);
-    std::vector<float> out(100, 5.0f);
-    try {
-      test::decode_into(*codec, bad.data(), bad.bytes, out.data(), 100);
-      ADD_FAILURE() << "accepted param " << param;
-    } catch (const PayloadError& err) {
-      EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
-    }
-    for (float x : out) ASSERT_EQ(x, 5.0f);
+    test::expect_rejected(*codec, test::with_param(e, param), e.bytes, 100, what);
   };
   expect_error(kernels::fp8_param(3, 512), "fp8 payload with 3 exponent bits (valid: 4 for e4m3, 5 for e5m2)");
   expect_error(kernels::fp8_param(4, 0), "fp8 payload with block size 0");

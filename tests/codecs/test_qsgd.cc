@@ -342,14 +342,7 @@ TEST(Qsgd, SpecKeysAndMessages) {
   EXPECT_EQ(parse_spec("qsgd").canonical(), "qsgd:bits=4,bucket=512");
   EXPECT_EQ(parse_spec("qsgd:bucket=1024,bits=8,stochastic=off").canonical(), "qsgd:bits=8,bucket=1024");
   EXPECT_EQ(parse_spec("qsgd:stochastic=on,seed=9,ef=off").canonical(), "qsgd:bits=4,bucket=512,stochastic=on,seed=9,ef=off");
-  auto error_of = [](const char* spec) {
-    try {
-      parse_spec(spec);
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  const auto error_of = test::spec_error;
   EXPECT_NE(error_of("qsgd:bits=1").find("bits must be in [2, 8]"), std::string::npos);
   EXPECT_NE(error_of("qsgd:bits=9").find("bits must be in [2, 8]"), std::string::npos);
   EXPECT_NE(error_of("qsgd:bucket=0").find("bucket must be in [1, 2^24 - 1]"), std::string::npos);
@@ -363,22 +356,14 @@ TEST(Qsgd, SpecKeysAndMessages) {
 TEST(Qsgd, RejectsBadHeaderParams) {
   const auto g = test::normal(100, 2);
   auto codec = make_codec("qsgd");
-  auto expect_error = [&](test::Encoded e, std::uint32_t param, std::size_t bytes, const std::string& what) {
-    std::memcpy(e.data() + 8, &param, 4);
-    std::vector<float> out(100, 5.0f);
-    try {
-      test::decode_into(*codec, e.data(), bytes, out.data(), 100);
-      ADD_FAILURE() << "accepted param " << param;
-    } catch (const PayloadError& err) {
-      EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
-    }
-    for (float x : out) ASSERT_EQ(x, 5.0f);
-  };
   const test::Encoded e = encode("qsgd:ef=off", g, nullptr);
-  expect_error(e, kernels::qsgd_param(9, 512), e.bytes, "qsgd payload with 9 bits per element (valid: 2..8)");
-  expect_error(e, kernels::qsgd_param(1, 512), e.bytes, "1 bits per element");
-  expect_error(e, kernels::qsgd_param(4, 0), e.bytes, "qsgd payload with bucket size 0");
-  expect_error(e, kernels::qsgd_param(4, 100), e.bytes, "differs from the decoder's");  // another bucket size
+  auto expect_error = [&](std::uint32_t param, const std::string& what) {
+    test::expect_rejected(*codec, test::with_param(e, param), e.bytes, 100, what);
+  };
+  expect_error(kernels::qsgd_param(9, 512), "qsgd payload with 9 bits per element (valid: 2..8)");
+  expect_error(kernels::qsgd_param(1, 512), "1 bits per element");
+  expect_error(kernels::qsgd_param(4, 0), "qsgd payload with bucket size 0");
+  expect_error(kernels::qsgd_param(4, 100), "differs from the decoder's");  // another bucket size
   const test::Encoded other = encode("qsgd:bits=8,ef=off", g, nullptr);
   std::vector<float> out(100, 0.0f);
   EXPECT_THROW(test::decode_into(*codec, other.data(), other.bytes, out.data(), 100), PayloadError);

@@ -4,18 +4,12 @@
 #include "compressors/codec.h"
 #include "compressors/descriptor.h"
 #include "compressors/spec.h"
+#include "test_util.h"
 
 namespace gz {
 namespace {
 
-std::string error_of(std::string_view spec) {
-  try {
-    parse_spec(spec);
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(std::string_view spec) { return test::spec_error(spec); }
 
 TEST(Spec, ParsesEveryCodecWithDefaults) {
   EXPECT_EQ(parse_spec("none").id, CodecId::None);

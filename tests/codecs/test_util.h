@@ -2,6 +2,8 @@
 // round trips through the public Codec interface.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "compressors/codec.h"
 #include "compressors/descriptor.h"
 
@@ -79,6 +82,35 @@ inline std::vector<float> decode(Codec& codec, const Encoded& e, std::size_t n) 
   std::vector<float> out(n, 0.0f);
   decode_into(codec, e.data(), e.bytes, out.data(), n);
   return out;
+}
+
+/// Decodes and expects a PayloadError mentioning `what`; out must stay untouched.
+inline void expect_rejected(Codec& codec, const Encoded& e, std::size_t bytes, std::size_t n,
+                            const std::string& what) {
+  std::vector<float> out(n, 42.0f);
+  try {
+    decode_into(codec, e.data(), bytes, out.data(), n);
+    ADD_FAILURE() << "payload accepted, expected an error mentioning '" << what << "'";
+  } catch (const PayloadError& err) {
+    EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
+  }
+  for (float x : out) ASSERT_EQ(x, 42.0f) << "output modified by a rejected payload";
+}
+
+/// A copy of a payload with another header param.
+inline Encoded with_param(Encoded e, std::uint32_t param) {
+  std::memcpy(e.data() + 8, &param, sizeof param);
+  return e;
+}
+
+/// The message parse_spec throws for `spec` ("" when it parses).
+inline std::string spec_error(std::string_view spec) {
+  try {
+    parse_spec(spec);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
 }
 
 /// The size of the payload of n normal values (fresh residual).
