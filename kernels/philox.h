@@ -3,8 +3,11 @@
 // four 32-bit words on the host and on the device, in any order and on any
 // thread, so a random draw is a pure function of what it is for.
 //
-// gradzip keys it with (seed, step) and counts elements: element i of a
-// buffer draws word i % 4 of block i / 4 (philox_uniform).
+// gradzip keys it with (seed, step) and counts elements in groups of 32: the
+// group of elements 32g .. 32g+31 takes the four words of blocks 8g .. 8g+7,
+// element 32g + 8k + l drawing word k of block 8g + l (philox_uniform). So
+// eight consecutive elements draw one word of eight consecutive blocks: what
+// eight SIMD lanes computing eight blocks at once hold, in element order.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +48,8 @@ GZ_HD Philox4 philox4x32_10(Philox4 c, std::uint32_t k0, std::uint32_t k1) {
 /// The second key word ("gzdz"): keeps seed 0 off the all-zero key.
 inline constexpr std::uint32_t kPhiloxKey1 = 0x6772647Au;
 
-/// The block of four draws for elements 4*block .. 4*block+3 at (seed, step):
-/// counter (block, step) as four 32-bit words, low first; key (seed, kPhiloxKey1).
+/// Block `block` of four draws at (seed, step): counter (block, step) as four
+/// 32-bit words, low first; key (seed, kPhiloxKey1).
 GZ_HD Philox4 philox_block(std::uint32_t seed, std::uint64_t step, std::uint64_t block) {
   const Philox4 counter{{static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
                          static_cast<std::uint32_t>(step), static_cast<std::uint32_t>(step >> 32)}};
@@ -56,9 +59,11 @@ GZ_HD Philox4 philox_block(std::uint32_t seed, std::uint64_t step, std::uint64_t
 /// A 32-bit draw as a float in [0, 1): its top 24 bits times 2^-24 (exact).
 GZ_HD float uniform_from_bits(std::uint32_t bits) { return static_cast<float>(bits >> 8) * 0x1p-24f; }
 
-/// The uniform draw of element i at (seed, step).
+/// The uniform draw of element i at (seed, step): word (i % 32) / 8 of block
+/// 8 (i / 32) + i % 8.
 GZ_HD float philox_uniform(std::uint32_t seed, std::uint64_t step, std::uint64_t i) {
-  return uniform_from_bits(philox_block(seed, step, i / 4).w[i % 4]);
+  const unsigned j = static_cast<unsigned>(i % 32);
+  return uniform_from_bits(philox_block(seed, step, i / 32 * 8 + j % 8).w[j / 8]);
 }
 
 }  // namespace gz::kernels

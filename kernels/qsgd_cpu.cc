@@ -22,15 +22,16 @@ using namespace detail;
 
 constexpr std::size_t kGroup = 32;
 
-/// The dithers of elements [i, i + count) (count a multiple of 4, i too).
-inline void dithers(const QsgdRounding& rnd, std::size_t i, std::size_t count, float* out) {
+/// The dithers of the 32 elements from i (a multiple of 32): philox_uniform,
+/// one Philox block per 4 draws.
+inline void group_dithers(const QsgdRounding& rnd, std::size_t i, float* out) {
   if (!rnd.stochastic) {
-    std::fill(out, out + count, 0.5f);
+    std::fill(out, out + kGroup, 0.5f);
     return;
   }
-  for (std::size_t j = 0; j < count; j += 4) {
-    const Philox4 b = philox_block(rnd.seed, rnd.step, (i + j) / 4);
-    for (int k = 0; k < 4; ++k) out[j + k] = uniform_from_bits(b.w[k]);
+  for (unsigned l = 0; l < 8; ++l) {
+    const Philox4 b = philox_block(rnd.seed, rnd.step, i / kGroup * 8 + l);
+    for (unsigned k = 0; k < 4; ++k) out[8 * k + l] = uniform_from_bits(b.w[k]);
   }
 }
 
@@ -85,7 +86,7 @@ template <bool kEf>
 void group_portable(const float* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits,
                     const QsgdRounding& rnd, std::uint32_t* words) {
   float dither[kGroup];
-  dithers(rnd, i, kGroup, dither);
+  group_dithers(rnd, i, dither);
   std::uint64_t acc = 0;  // bits not yet stored
   unsigned filled = 0;
   std::uint32_t* out = words + i / kGroup * bits;
@@ -122,9 +123,9 @@ inline void or_quads(__m256i x, std::uint32_t* out) {
   out[1] = static_cast<std::uint32_t>(_mm_cvtsi128_si32(hi));
 }
 
-// Philox4x32-10 on 8 blocks at once (lane l: block first + l), the lanes'
-// twin of philox_block; the 32 draws of elements 4 first .. 4 first + 31 go
-// to out in element order as uniform_from_bits.
+// Philox4x32-10 on 8 blocks at once (lane l: block 8 (i / 32) + l), the
+// lanes' twin of philox_block: word k of the 8 blocks is the draws of
+// elements i + 8k .. i + 8k + 7 (philox_uniform), as uniform_from_bits.
 inline void mulhilo8(std::uint32_t m, __m256i b, __m256i& hi, __m256i& lo) {
   const __m256i mv = _mm256_set1_epi32(static_cast<int>(m));
   const __m256i even = _mm256_mul_epu32(mv, b);                        // lanes 0, 2, 4, 6 as 64-bit products
@@ -133,8 +134,8 @@ inline void mulhilo8(std::uint32_t m, __m256i b, __m256i& hi, __m256i& lo) {
   hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
 }
 
-void dithers_avx2(const QsgdRounding& rnd, std::size_t i, float* out) {
-  const std::uint64_t first = i / 4;
+void dithers_avx2(const QsgdRounding& rnd, std::size_t i, __m256* out) {
+  const std::uint64_t first = i / kGroup * 8;
   __m256i w0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first))),
                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   // The high counter word: first is a multiple of 8, so first + l never carries out of the low word.
@@ -153,12 +154,8 @@ void dithers_avx2(const QsgdRounding& rnd, std::size_t i, float* out) {
     k1 += kernels::detail::kPhiloxW1;
   }
   const __m256 scale = _mm256_set1_ps(0x1p-24f);
-  alignas(32) float u[4][8];
   const __m256i words[4] = {w0, w1, w2, w3};
-  for (int k = 0; k < 4; ++k)
-    _mm256_store_ps(u[k], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[k], 8)), scale));
-  for (int l = 0; l < 8; ++l)
-    for (int k = 0; k < 4; ++k) out[4 * l + k] = u[k][l];
+  for (int k = 0; k < 4; ++k) out[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[k], 8)), scale);
 }
 
 // Pass 1 on 8 lanes; the lane order of min and max does not matter (exact).
@@ -212,12 +209,12 @@ inline __m256i levels8(const float* g, float* r, std::size_t i, const Bucket& b,
 template <bool kEf>
 void group_avx2(const float* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits,
                 const QsgdRounding& rnd, std::uint32_t* words) {
-  alignas(32) float dither[kGroup];
   const __m256 top = _mm256_set1_ps(static_cast<float>(qsgd_levels(bits)));
   __m256i q[4];
   if (rnd.stochastic) {
+    __m256 dither[4];
     dithers_avx2(rnd, i, dither);
-    for (int k = 0; k < 4; ++k) q[k] = levels8<kEf>(g, r, i + 8 * k, b, _mm256_load_ps(dither + 8 * k), top);
+    for (int k = 0; k < 4; ++k) q[k] = levels8<kEf>(g, r, i + 8 * k, b, dither[k], top);
   } else {
     for (int k = 0; k < 4; ++k) q[k] = levels8<kEf>(g, r, i + 8 * k, b, _mm256_set1_ps(0.5f), top);
   }
