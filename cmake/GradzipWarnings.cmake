@@ -10,6 +10,10 @@ function(gz_project_target target)
     list(APPEND _cxx_warn -Werror)
   endif()
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${_cxx_warn}>)
+  # No a*b+c contraction into FMA (g++ contracts C++ by default, even with
+  # -std=c++20, and so do intrinsics): the CPU loops must round like the CUDA
+  # kernels (--fmad=false) and like the tests' references.
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
   if(GRADZIP_NATIVE)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
   endif()

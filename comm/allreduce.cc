@@ -38,9 +38,7 @@ Algorithm parse_algorithm(std::string_view s) {
 
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks) {
   if (requested != Algorithm::Auto) return requested;
-  if (ranks <= 2) return Algorithm::Allgather;
-  if (codec.id == CodecId::TopK && ranks <= 16) return Algorithm::Allgather;
-  return Algorithm::ScatterReduce;
+  return prefers_allgather(codec.descriptor(), ranks) ? Algorithm::Allgather : Algorithm::ScatterReduce;
 }
 
 ChunkRange chunk_range(std::size_t n, int ranks, int j) {
@@ -55,10 +53,8 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Top-k with a sampled threshold is the one codec whose payload size varies.
-bool payload_size_varies(const Codec& c) {
-  return c.id() == CodecId::TopK && c.config().select == TopkSelect::Sample;
-}
+// The codec's descriptor says whether its payload size varies per call.
+bool payload_size_varies(const Codec& c) { return !c.fixed_size(); }
 
 }  // namespace
 
@@ -351,16 +347,7 @@ void AllreduceRun::run_scatter_reduce() {
   phase_end(stats.decode_s, t0);
 }
 
-double allreduce_error_bound(const CodecConfig& c) {
-  switch (c.id) {
-    case CodecId::None: return 1e-6;
-    case CodecId::Fp16: return 1e-3;
-    case CodecId::Bf16: return 8e-3;
-    case CodecId::OneBit: return 1.0;
-    case CodecId::TopK: return 1.0;
-  }
-  return 0;
-}
+double allreduce_error_bound(const CodecConfig& c) { return error_bound(c); }
 
 void allreduce(const AllreduceOptions& o) {
   GZ_ENFORCE(o.transport != nullptr, "allreduce needs a transport");

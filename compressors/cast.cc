@@ -1,5 +1,5 @@
 // fp16 and bf16: one 16-bit float per element (one template, two formats).
-#include "compressors/codecs.h"
+#include "compressors/codec.h"
 #include "compressors/wire_format.h"
 #include "kernels/cast.h"
 #include "kernels/cpu.h"
@@ -15,7 +15,6 @@ template <class Fmt>
 class CastCodec final : public Codec {
  public:
   using Codec::Codec;
-  std::size_t max_payload_bytes(std::size_t n) const override { return wire::kHeaderBytes + 2 * n; }
 
  protected:
   EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
@@ -39,13 +38,45 @@ class CastCodec final : public Codec {
 #endif
 };
 
+template <class Fmt>
+std::unique_ptr<Codec> make(const CodecConfig& c) {
+  return std::make_unique<CastCodec<Fmt>>(c);
+}
+
+template <class Fmt>
+std::string describe_param(std::uint32_t, std::uint32_t param, std::uint64_t) {
+  return std::string(Fmt::name) + " payload with non-zero param " + std::to_string(param);
+}
+
+constexpr std::string_view kFp16Tests[] = {"fp16", "fp16:ef=off"};
+constexpr std::string_view kBf16Tests[] = {"bf16", "bf16:ef=off"};
+constexpr BenchSpec kFp16Bench[] = {{"fp16", "fp16"}};
+constexpr BenchSpec kBf16Bench[] = {{"bf16", "bf16"}};
+
 }  // namespace
 
-std::unique_ptr<Codec> make_fp16(const CodecConfig& cfg) {
-  return std::make_unique<CastCodec<kernels::HalfFormat>>(cfg);
-}
-std::unique_ptr<Codec> make_bf16(const CodecConfig& cfg) {
-  return std::make_unique<CastCodec<kernels::BFloat16Format>>(cfg);
-}
+// Bounds: one rounding of the worker's values and one of each chunk's sum
+// (half an ulp each: 2^-11 for fp16, 2^-8 for bf16), with room for the sums.
+extern const CodecDescriptor fp16{
+    .name = "fp16",
+    .id = CodecId::Fp16,
+    .summary = "2 bytes per element, IEEE binary16, round to nearest even, saturating",
+    .make = make<kernels::HalfFormat>,
+    .error_bound = [](const CodecConfig&) { return 1e-3; },
+    .describe_param = describe_param<kernels::HalfFormat>,
+    .test_specs = kFp16Tests,
+    .bench_specs = kFp16Bench,
+};
+
+extern const CodecDescriptor bf16{
+    .name = "bf16",
+    .id = CodecId::Bf16,
+    .summary = "2 bytes per element, bfloat16, round to nearest even, saturating",
+    .make = make<kernels::BFloat16Format>,
+    .error_bound = [](const CodecConfig&) { return 8e-3; },
+    .describe_param = describe_param<kernels::BFloat16Format>,
+    .test_specs = kBf16Tests,
+    .bench_specs = kBf16Bench,
+};
 
 }  // namespace gz::codecs

@@ -1,7 +1,5 @@
 #include "compressors/codec.h"
 
-#include <cstring>
-
 #include "common/error.h"
 #include "common/workspace.h"
 #include "compressors/wire_format.h"
@@ -13,53 +11,24 @@
 
 namespace gz {
 
-Codec::~Codec() {
-#if GZ_HAVE_CUDA
-  if (device_scratch_) (void)cudaFree(device_scratch_);  // no throw from a destructor; at exit the runtime may be gone
-#endif
+std::size_t Codec::max_payload_bytes(std::size_t n) const {
+  return wire::kHeaderBytes + wire::body_bytes(id(), header_param(n), n);
 }
 
 std::size_t Codec::workspace_bytes(std::size_t, Device device) const {
   return device == Device::Cuda ? kCudaStatusBytes : 0;
 }
 
-bool Codec::expected_param(std::size_t, std::uint32_t* param) const {
-  *param = 0;
-  return true;
-}
-
-void* Codec::scratch(const ExecContext& ctx, std::size_t bytes) {
+void* Codec::scratch(const ExecContext& ctx, std::size_t bytes) const {
   if (bytes == 0) return nullptr;
-  if (ctx.workspace) {
-    if (ctx.workspace_bytes < bytes)
-      GZ_THROW(InvalidArgument, spec(), ": workspace of ", ctx.workspace_bytes, " bytes is too small, need ", bytes);
-    if (ctx.device == Device::Cuda && reinterpret_cast<std::uintptr_t>(ctx.workspace) % kWorkspaceAlign != 0)
-      GZ_THROW(InvalidArgument, spec(), ": a CUDA workspace must be ", kWorkspaceAlign, "-byte aligned");
-    return ctx.workspace;
-  }
-  if (ctx.device == Device::Cpu) {
-    if (host_scratch_.size() < bytes) host_scratch_.resize(bytes);
-    return host_scratch_.data();
-  }
-#if GZ_HAVE_CUDA
-  // The codec's own device scratch: allocated on the first call and when a
-  // larger n needs more, then reused (no allocation on the steady path).
-  int dev = 0;
-  GZ_CUDA_CHECK(cudaGetDevice(&dev));
-  if (!device_scratch_ || device_scratch_bytes_ < bytes || device_scratch_device_ != dev) {
-    if (device_scratch_) {
-      GZ_CUDA_CHECK(cudaFree(device_scratch_));  // synchronizes: earlier calls may still use it
-      device_scratch_ = nullptr;
-      device_scratch_bytes_ = 0;
-    }
-    GZ_CUDA_CHECK(cudaMalloc(&device_scratch_, bytes));
-    device_scratch_bytes_ = bytes;
-    device_scratch_device_ = dev;
-  }
-  return device_scratch_;
-#else
-  GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
-#endif
+  if (!ctx.workspace)
+    GZ_THROW(InvalidArgument, spec(), ": this call needs a workspace of ", bytes, " bytes in ", to_string(ctx.device),
+             " memory (ExecContext::workspace; size it with workspace_bytes(n, device))");
+  if (ctx.workspace_bytes < bytes)
+    GZ_THROW(InvalidArgument, spec(), ": workspace of ", ctx.workspace_bytes, " bytes is too small, need ", bytes);
+  if (ctx.device == Device::Cuda && reinterpret_cast<std::uintptr_t>(ctx.workspace) % kWorkspaceAlign != 0)
+    GZ_THROW(InvalidArgument, spec(), ": a CUDA workspace must be ", kWorkspaceAlign, "-byte aligned");
+  return ctx.workspace;
 }
 
 std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std::byte* payload,
@@ -75,6 +44,7 @@ std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std
     GZ_ENFORCE(n == 0 || residual != nullptr, spec(), ": error feedback is on, so a residual buffer is required");
   else
     residual = nullptr;
+  (void)scratch(ctx, workspace_bytes(n, ctx.device));  // the workspace it asked for, or a clear error
   if (ctx.device == Device::Cuda) return encode_cuda(grad, residual, n, payload, ctx);
 
   const EncodedBody body = encode_cpu(grad, residual, n, payload + wire::kHeaderBytes, ctx);
@@ -90,12 +60,13 @@ std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std
 void Codec::decode_accumulate(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
                               const ExecContext& ctx) {
   GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
+  (void)scratch(ctx, workspace_bytes(n, ctx.device));
   if (ctx.device == Device::Cuda) return decode_accumulate_cuda(payload, bytes, out, n, ctx);
   if (reinterpret_cast<std::uintptr_t>(payload) % 4 != 0)
     GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
   const wire::Header h = wire::read_header(payload, bytes);
-  std::uint32_t param = 0;
-  const bool fixed = expected_param(n, &param);
+  const bool fixed = fixed_size();
+  const std::uint32_t param = header_param(n);
   wire::expect(h, id(), n, fixed ? &param : nullptr);
   decode_cpu(PayloadView{h.param, h.count, payload + wire::kHeaderBytes, h.body_bytes}, out, ctx);
 }
@@ -110,8 +81,8 @@ void Codec::decode_accumulate_cuda(const std::byte* payload, std::size_t bytes, 
     GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
   if (bytes < wire::kHeaderBytes)
     GZ_THROW(PayloadError, "payload truncated: ", bytes, " bytes, the header alone is ", wire::kHeaderBytes);
-  std::uint32_t param = 0;
-  const bool fixed = expected_param(n, &param);
+  const bool fixed = fixed_size();
+  const std::uint32_t param = header_param(n);
   // A fixed-size codec knows the exact size; a mismatch means a malformed
   // payload whose body must not be read (the device check names the reason).
   const bool size_ok = !fixed || bytes == max_payload_bytes(n);

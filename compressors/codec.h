@@ -2,13 +2,15 @@
 // self-describing payload (compressors/wire_format.h), and add a payload's
 // decoded values into an output buffer.
 //
-// Usage (host buffers):
+// Usage (host buffers), two phases as in CUB: sizes first, then the calls.
 //
 //   auto codec = gz::make_codec("topk:density=0.01");
 //   std::vector<float> residual(n);                 // error feedback, starts at 0
 //   std::vector<std::byte> payload(codec->max_payload_bytes(n));
-//   std::size_t bytes = codec->encode(grad, residual.data(), n, payload.data(), payload.size());
-//   codec->decode_accumulate(payload.data(), bytes, out, n);   // out += decoded
+//   std::vector<std::byte> ws(codec->workspace_bytes(n, gz::Device::Cpu));
+//   gz::ExecContext ctx{gz::Device::Cpu, nullptr, ws.data(), ws.size()};
+//   std::size_t bytes = codec->encode(grad, residual.data(), n, payload.data(), payload.size(), ctx);
+//   codec->decode_accumulate(payload.data(), bytes, out, n, ctx);   // out += decoded
 //
 // Constraints:
 //   - encode: v = grad + residual; payload = Q(v); residual = v - D(payload).
@@ -18,20 +20,19 @@
 //   - Payload buffers must be 4-byte aligned.
 //   - Deterministic: the same input gives the same payload bits, on the CPU
 //     and on the GPU.
-//   - Scratch memory: pass a workspace of workspace_bytes(n, device) bytes in
-//     ExecContext to keep the call allocation-free; without one the codec
-//     keeps its own, grown on first use and reused (so a Codec object is not
-//     thread-safe).
+//   - Scratch memory, two phases as in CUB: workspace_bytes(n, device), then
+//     calls with ctx.workspace pointing at that many bytes. A call that needs
+//     scratch and gets none, or too little, throws InvalidArgument; a Codec
+//     never allocates. (Python's gradzip.Codec keeps a workspace per codec.)
+//     A Codec holds no mutable state: calls with separate workspaces may run
+//     concurrently.
 //
 // CUDA (ExecContext{Device::Cuda, stream, ...}; docs/cuda.md has the details):
 //   - grad, residual, out and payload are device pointers; the work is queued
 //     on ctx.stream. The payload is the same bytes the CPU path writes.
-//   - Workspace, two phases as in CUB: workspace_bytes(n, Device::Cuda), then
-//     calls with ctx.workspace pointing at that many device bytes (256-byte
-//     aligned); the same workspace serves encode and decode, one call at a
-//     time. Without one, the codec allocates its own on the device that is
-//     current, once (cudaMalloc on the first call and when n grows, never
-//     after), and calls through it must be ordered on one stream.
+//   - Workspace: workspace_bytes(n, Device::Cuda) device bytes, 256-byte
+//     aligned (at least kCudaStatusBytes: every CUDA call needs one); the same
+//     workspace serves encode and decode, one call at a time per stream order.
 //   - encode returns the payload size without synchronizing, except topk with
 //     select=sample: its entry count is decided on the device, so that encode
 //     synchronizes ctx.stream to read it back (and writes the header after).
@@ -55,9 +56,9 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "common/stream.h"
+#include "compressors/descriptor.h"
 #include "compressors/payload_status.h"
 #include "compressors/spec.h"
 
@@ -72,6 +73,10 @@ struct ExecContext {
   /// CUDA decode only: device status word that receives the verdict instead of
   /// a synchronizing throw (see "CUDA" above). Zero it before first use.
   PayloadStatus* status = nullptr;
+  /// The training step, for codecs that draw random numbers (qsgd's
+  /// stochastic rounding): the same (seed, step, element) gives the same bits,
+  /// on the CPU and on the GPU, run after run. Advance it once per step.
+  std::uint64_t step = 0;
 };
 
 /// A payload whose header has been read and validated (host memory).
@@ -90,20 +95,27 @@ struct EncodedBody {
 
 class Codec {
  public:
-  explicit Codec(CodecConfig config) : config_(config) {}
-  virtual ~Codec();
+  explicit Codec(CodecConfig config) : config_(config), descriptor_(config_.descriptor()) {}
+  virtual ~Codec() = default;
   Codec(const Codec&) = delete;
   Codec& operator=(const Codec&) = delete;
 
   const CodecConfig& config() const { return config_; }
+  const CodecDescriptor& descriptor() const { return descriptor_; }
   CodecId id() const { return config_.id; }
   /// The canonical spec string.
   std::string spec() const { return config_.canonical(); }
   bool error_feedback() const { return config_.ef; }
+  /// Whether every payload of n elements is exactly max_payload_bytes(n) bytes
+  /// and carries header_param(n) (the descriptor's rule).
+  bool fixed_size() const { return payload_size_fixed(config_); }
 
-  /// Payload bytes (header included) for n elements. Exact for every codec but
-  /// topk with select=sample, for which it is the upper bound.
-  virtual std::size_t max_payload_bytes(std::size_t n) const = 0;
+  /// The header param of a payload of n elements (for a codec whose size
+  /// varies, the one a full-size payload would carry).
+  virtual std::uint32_t header_param(std::size_t) const { return 0; }
+  /// Payload bytes (header included) for n elements: exact for a fixed-size
+  /// codec, the upper bound otherwise.
+  virtual std::size_t max_payload_bytes(std::size_t n) const;
   /// Scratch bytes an encode or decode of n elements needs on `device`.
   virtual std::size_t workspace_bytes(std::size_t n, Device device) const;
   /// CUDA workspaces start with this many bytes (the status word of a
@@ -140,26 +152,17 @@ class Codec {
   /// max_payload_bytes(n)), so it may size its launches from bytes and n.
   virtual void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
                            const ExecContext& ctx);
-  /// The header param a payload of n elements must carry (onebit block, exact
-  /// topk K); false when it may vary (sampled topk), so only the format's own
-  /// checks apply.
-  virtual bool expected_param(std::size_t n, std::uint32_t* param) const;
 
-  /// Returns a workspace of at least `bytes` (the caller's, or the codec's own)
-  /// on ctx.device.
-  void* scratch(const ExecContext& ctx, std::size_t bytes);
+  /// The caller's workspace, checked to hold `bytes` on ctx.device (nullptr
+  /// when bytes is 0); throws InvalidArgument when it is missing or too small.
+  void* scratch(const ExecContext& ctx, std::size_t bytes) const;
 
  private:
   void decode_accumulate_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
                               const ExecContext& ctx);
 
   CodecConfig config_;
-  std::vector<std::byte> host_scratch_;
-  // The codec's own device workspace (owned; cudaFree'd by the destructor).
-  // Unused in a build without CUDA, where the layout stays the same.
-  [[maybe_unused]] void* device_scratch_ = nullptr;
-  [[maybe_unused]] std::size_t device_scratch_bytes_ = 0;
-  [[maybe_unused]] int device_scratch_device_ = -1;
+  const CodecDescriptor& descriptor_;
 };
 
 /// Builds the codec a spec string names. Throws InvalidArgument.

@@ -1,5 +1,5 @@
 // none: fp32 as is. With it, a compressed allreduce is an exact allreduce.
-#include "compressors/codecs.h"
+#include "compressors/codec.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu.h"
 #if GZ_HAVE_CUDA
@@ -13,7 +13,6 @@ namespace {
 class NoneCodec final : public Codec {
  public:
   using Codec::Codec;
-  std::size_t max_payload_bytes(std::size_t n) const override { return wire::kHeaderBytes + 4 * n; }
 
  protected:
   EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
@@ -37,8 +36,26 @@ class NoneCodec final : public Codec {
 #endif
 };
 
+std::string describe_param(std::uint32_t, std::uint32_t param, std::uint64_t) {
+  return "none payload with non-zero param " + std::to_string(param);
+}
+
+constexpr std::string_view kTestSpecs[] = {"none"};
+constexpr BenchSpec kBench[] = {{"none", "none"}};
+
 }  // namespace
 
-std::unique_ptr<Codec> make_none(const CodecConfig& cfg) { return std::make_unique<NoneCodec>(cfg); }
+extern const CodecDescriptor none{
+    .name = "none",
+    .id = CodecId::None,
+    .summary = "fp32 as is: the exact baseline",
+    .lossless = true,
+    .make = [](const CodecConfig& c) -> std::unique_ptr<Codec> { return std::make_unique<NoneCodec>(c); },
+    // Only the summation order differs from an exact fp32 allreduce.
+    .error_bound = [](const CodecConfig&) { return 1e-6; },
+    .describe_param = describe_param,
+    .test_specs = kTestSpecs,
+    .bench_specs = kBench,
+};
 
 }  // namespace gz::codecs

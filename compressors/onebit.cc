@@ -1,5 +1,5 @@
 // onebit: sign bits plus two reconstruction values per block (kernels/onebit.h).
-#include "compressors/codecs.h"
+#include "compressors/codec.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu.h"
 #if GZ_HAVE_CUDA
@@ -10,55 +10,76 @@
 namespace gz::codecs {
 namespace {
 
+using kernels::OnebitLayout;
+using kernels::OnebitScales;
+
 class OnebitCodec final : public Codec {
  public:
-  using Codec::Codec;
-  std::size_t max_payload_bytes(std::size_t n) const override {
-    return wire::kHeaderBytes + wire::body_bytes(CodecId::OneBit, config().block, n);
-  }
+  explicit OnebitCodec(const CodecConfig& c) : Codec(c), block_(static_cast<std::uint32_t>(c.value("block"))) {}
+  std::uint32_t header_param(std::size_t) const override { return block_; }
 
  protected:
-  bool expected_param(std::size_t, std::uint32_t* param) const override {
-    *param = config().block;
-    return true;
-  }
   EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
-    const std::uint32_t block = config().block;
-    auto* scales = reinterpret_cast<kernels::OnebitScales*>(body);
-    auto* bits = reinterpret_cast<std::uint32_t*>(body + 8 * kernels::onebit_blocks(n, block));
-    kernels::cpu::onebit_encode(g, r, n, block, scales, bits);
-    return {block, wire::body_bytes(CodecId::OneBit, block, n)};
+    auto* scales = reinterpret_cast<OnebitScales*>(body);
+    auto* bits = reinterpret_cast<std::uint32_t*>(body + OnebitLayout::words_offset(block_, n));
+    kernels::cpu::onebit_encode(g, r, n, block_, scales, bits);
+    return {block_, OnebitLayout::body_bytes(block_, n)};
   }
   void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
-    const auto* scales = reinterpret_cast<const kernels::OnebitScales*>(p.body);
-    const auto* bits = reinterpret_cast<const std::uint32_t*>(p.body + 8 * kernels::onebit_blocks(p.count, p.param));
+    const auto* scales = reinterpret_cast<const OnebitScales*>(p.body);
+    const auto* bits = reinterpret_cast<const std::uint32_t*>(p.body + OnebitLayout::words_offset(p.param, p.count));
     kernels::cpu::onebit_decode_accumulate(scales, bits, p.count, p.param, out);
   }
 #if GZ_HAVE_CUDA
   std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
                           const ExecContext& ctx) override {
-    const std::uint32_t block = config().block;
     std::byte* body = payload + wire::kHeaderBytes;
-    const std::uint64_t body_bytes = wire::body_bytes(CodecId::OneBit, block, n);
-    kernels::cuda::onebit_encode(g, r, n, block, reinterpret_cast<kernels::OnebitScales*>(body),
-                                 reinterpret_cast<std::uint32_t*>(body + 8 * kernels::onebit_blocks(n, block)),
-                                 cuda_codec::header_blob(id(), block, n, body_bytes, payload), ctx.stream);
+    const std::uint64_t body_bytes = OnebitLayout::body_bytes(block_, n);
+    kernels::cuda::onebit_encode(g, r, n, block_, reinterpret_cast<OnebitScales*>(body),
+                                 reinterpret_cast<std::uint32_t*>(body + OnebitLayout::words_offset(block_, n)),
+                                 cuda_codec::header_blob(id(), block_, n, body_bytes, payload), ctx.stream);
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's block.
   void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
-    const std::uint32_t block = config().block;
     const std::byte* body = payload + wire::kHeaderBytes;
     kernels::cuda::onebit_decode_accumulate(
-        reinterpret_cast<const kernels::OnebitScales*>(body),
-        reinterpret_cast<const std::uint32_t*>(body + 8 * kernels::onebit_blocks(n, block)), n, block, out,
+        reinterpret_cast<const OnebitScales*>(body),
+        reinterpret_cast<const std::uint32_t*>(body + OnebitLayout::words_offset(block_, n)), n, block_, out,
         &ctx.status->code, ctx.stream);
   }
 #endif
+
+ private:
+  std::uint32_t block_;
 };
+
+constexpr CodecKey kKeys[] = {
+    {.name = "block", .fallback = kernels::kOnebitDefaultBlock, .lo = 1, .hi = 1u << 30, .range = "in [1, 2^30]",
+     .always_shown = true},
+};
+
+std::string describe_param(std::uint32_t, std::uint32_t, std::uint64_t) { return "onebit payload with block size 0"; }
+
+// Block sizes: the default, one that straddles sign words, one element per block.
+constexpr std::string_view kTestSpecs[] = {"onebit:block=512", "onebit:block=100", "onebit:block=1",
+                                           "onebit:block=8", "onebit:block=64,ef=off"};
+constexpr BenchSpec kBench[] = {{"onebit", "onebit:block=512"}};
 
 }  // namespace
 
-std::unique_ptr<Codec> make_onebit(const CodecConfig& cfg) { return std::make_unique<OnebitCodec>(cfg); }
+extern const CodecDescriptor onebit{
+    .name = "onebit",
+    .id = CodecId::OneBit,
+    .summary = "1 sign bit per element + the means of the non-negative and negative values per block of B",
+    .keys = kKeys,
+    .make = [](const CodecConfig& c) -> std::unique_ptr<Codec> { return std::make_unique<OnebitCodec>(c); },
+    // One step of 1-bit SGD is far from the sum (EF makes it up over steps):
+    // a block's means are off by up to the block's spread.
+    .error_bound = [](const CodecConfig&) { return 1.0; },
+    .describe_param = describe_param,
+    .test_specs = kTestSpecs,
+    .bench_specs = kBench,
+};
 
 }  // namespace gz::codecs

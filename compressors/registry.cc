@@ -1,19 +1,35 @@
-// Spec name -> codec factory. Adding a codec: kernels/<codec>.h, a
-// compressors/<codec>.cc with its factory, one line here, a test.
+// The descriptors of every codec (registry.h's list), and make_codec.
 #include "common/error.h"
-#include "compressors/codecs.h"
+#include "compressors/codec.h"
+#include "compressors/descriptor.h"
 
 namespace gz {
 
+std::span<const CodecDescriptor* const> all_codecs() {
+  static constexpr const CodecDescriptor* kAll[] = {
+#define GZ_CODEC_ADDRESS(E, id, name, layout) &codecs::name,
+      GZ_CODEC_REGISTRY(GZ_CODEC_ADDRESS)
+#undef GZ_CODEC_ADDRESS
+  };
+  return kAll;
+}
+
+const CodecDescriptor* find_codec(std::string_view name) {
+  for (const CodecDescriptor* d : all_codecs())
+    if (d->name == name) return d;
+  return nullptr;
+}
+
+const CodecDescriptor* find_codec(CodecId id) {
+  for (const CodecDescriptor* d : all_codecs())
+    if (d->id == id) return d;
+  return nullptr;
+}
+
 std::unique_ptr<Codec> make_codec(const CodecConfig& cfg) {
-  switch (cfg.id) {
-    case CodecId::None: return codecs::make_none(cfg);
-    case CodecId::Fp16: return codecs::make_fp16(cfg);
-    case CodecId::Bf16: return codecs::make_bf16(cfg);
-    case CodecId::OneBit: return codecs::make_onebit(cfg);
-    case CodecId::TopK: return codecs::make_topk(cfg);
-  }
-  GZ_THROW(InvalidArgument, "unknown codec id ", static_cast<int>(cfg.id), "; valid codecs: ", codec_names());
+  const CodecDescriptor* d = find_codec(cfg.id);
+  if (!d) GZ_THROW(InvalidArgument, "unknown codec id ", static_cast<int>(cfg.id), "; valid codecs: ", codec_names());
+  return d->make(cfg);
 }
 
 std::unique_ptr<Codec> make_codec(std::string_view spec) { return make_codec(parse_spec(spec)); }

@@ -6,30 +6,10 @@
 #include <sstream>
 
 #include "common/error.h"
-#include "kernels/topk.h"
+#include "compressors/descriptor.h"
 
 namespace gz {
 namespace {
-
-struct CodecInfo {
-  const char* name;
-  CodecId id;
-  const char* keys;  // valid keys, for error messages
-};
-
-constexpr CodecInfo kCodecs[] = {
-    {"none", CodecId::None, "ef"},
-    {"fp16", CodecId::Fp16, "ef"},
-    {"bf16", CodecId::Bf16, "ef"},
-    {"onebit", CodecId::OneBit, "block, ef"},
-    {"topk", CodecId::TopK, "density, k, select, ef"},
-};
-
-const CodecInfo* find_codec(std::string_view name) {
-  for (const auto& c : kCodecs)
-    if (name == c.name) return &c;
-  return nullptr;
-}
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -70,95 +50,140 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   return out;
 }
 
+// "a, b, ef": the keys a codec takes, for messages.
+std::string key_names(const CodecDescriptor& d) {
+  std::string out;
+  for (const CodecKey& k : d.keys) out += std::string(k.name) + ", ";
+  return out + "ef";
+}
+
+// "exact or sample", "a, b or c".
+std::string choice_list(const CodecKey& k) {
+  std::string out;
+  for (std::size_t i = 0; i < k.choices.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == k.choices.size() ? " or " : ", ") + std::string(k.choices[i]);
+  return out;
+}
+
+double parse_value(std::string_view spec, const CodecKey& k, std::string_view value) {
+  switch (k.kind) {
+    case CodecKey::Kind::Integer: {
+      const auto v = parse_number<std::uint64_t>(spec, k.name, value);
+      if (static_cast<double>(v) < k.lo || static_cast<double>(v) > k.hi)
+        GZ_THROW(InvalidArgument, "codec spec '", spec, "': ", k.name, " must be ", k.range, ", got ", value);
+      return static_cast<double>(v);
+    }
+    case CodecKey::Kind::Real: {
+      const double v = parse_number<double>(spec, k.name, value);
+      if (!(v > k.lo && v <= k.hi))
+        GZ_THROW(InvalidArgument, "codec spec '", spec, "': ", k.name, " must be ", k.range, ", got ", value);
+      return v;
+    }
+    case CodecKey::Kind::Choice:
+      for (std::size_t i = 0; i < k.choices.size(); ++i)
+        if (value == k.choices[i]) return static_cast<double>(i);
+      GZ_THROW(InvalidArgument, "codec spec '", spec, "': ", k.name, " must be ", choice_list(k), ", got ", value);
+  }
+  return 0;
+}
+
+std::string format_value(const CodecKey& k, double v) {
+  switch (k.kind) {
+    case CodecKey::Kind::Integer: return std::to_string(static_cast<std::uint64_t>(v));
+    case CodecKey::Kind::Real: return format_double(v);
+    case CodecKey::Kind::Choice: return std::string(k.choices[static_cast<std::size_t>(v)]);
+  }
+  return "";
+}
+
 }  // namespace
 
-std::string_view codec_names() { return "none, fp16, bf16, onebit, topk"; }
+std::string_view codec_names() {
+  static const std::string names = [] {
+    std::string out;
+    for (const CodecDescriptor* d : all_codecs()) out += (out.empty() ? "" : ", ") + std::string(d->name);
+    return out;
+  }();
+  return names;
+}
 
 const char* codec_name(CodecId id) {
-  for (const auto& c : kCodecs)
-    if (c.id == id) return c.name;
-  return "unknown";
+  const CodecDescriptor* d = find_codec(id);
+  return d ? d->name.data() : "unknown";
+}
+
+const CodecDescriptor& CodecConfig::descriptor() const {
+  const CodecDescriptor* d = find_codec(id);
+  if (!d) GZ_THROW(InvalidArgument, "unknown codec id ", static_cast<int>(id), "; valid codecs: ", codec_names());
+  return *d;
+}
+
+double CodecConfig::value(std::string_view key) const {
+  const CodecDescriptor& d = descriptor();
+  for (std::size_t i = 0; i < d.keys.size(); ++i)
+    if (d.keys[i].name == key) return values[i];
+  GZ_THROW(InvalidArgument, d.name, " has no key '", key, "'; valid keys: ", key_names(d));
 }
 
 CodecConfig parse_spec(std::string_view spec_in) {
   const std::string_view spec = trim(spec_in);
   const auto colon = spec.find(':');
   const std::string_view name = trim(spec.substr(0, colon));
-  const CodecInfo* info = find_codec(name);
-  if (!info)
+  const CodecDescriptor* d = find_codec(name);
+  if (!d)
     GZ_THROW(InvalidArgument, "unknown codec '", name, "' in spec '", spec, "'; valid codecs: ", codec_names());
   CodecConfig cfg;
-  cfg.id = info->id;
-  if (cfg.id == CodecId::None) cfg.ef = false;
-  if (colon == std::string_view::npos) return cfg;
+  cfg.id = d->id;
+  cfg.ef = !d->lossless;
+  GZ_ENFORCE_LE(d->keys.size(), kMaxCodecKeys, "codec ", d->name, " declares too many keys");
+  for (std::size_t i = 0; i < d->keys.size(); ++i) cfg.values[i] = d->keys[i].fallback;
 
-  bool have_density = false, have_k = false;
-  std::map<std::string_view, int> seen;
-  for (std::string_view item : split(spec.substr(colon + 1), ',')) {
-    const auto eq = item.find('=');
-    if (item.empty() || eq == std::string_view::npos)
-      GZ_THROW(InvalidArgument, "codec spec '", spec, "': expected key=value, got '", item,
-               "'; valid keys for ", info->name, ": ", info->keys);
-    const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
-    if (seen[key]++) GZ_THROW(InvalidArgument, "codec spec '", spec, "': key '", key, "' given twice");
-    if (key == "ef") {
-      cfg.ef = parse_bool(spec, key, value);
-    } else if (key == "block" && cfg.id == CodecId::OneBit) {
-      const auto b = parse_number<std::uint64_t>(spec, key, value);
-      if (b < 1 || b > (1u << 30))
-        GZ_THROW(InvalidArgument, "codec spec '", spec, "': block must be in [1, 2^30], got ", value);
-      cfg.block = static_cast<std::uint32_t>(b);
-    } else if (key == "density" && cfg.id == CodecId::TopK) {
-      const double d = parse_number<double>(spec, key, value);
-      if (!(d > 0.0 && d <= 1.0))
-        GZ_THROW(InvalidArgument, "codec spec '", spec, "': density must be in (0, 1], got ", value);
-      cfg.density = d;
-      have_density = true;
-    } else if (key == "k" && cfg.id == CodecId::TopK) {
-      const auto k = parse_number<std::uint64_t>(spec, key, value);
-      if (k < 1) GZ_THROW(InvalidArgument, "codec spec '", spec, "': k must be >= 1, got ", value);
-      cfg.k = k;
-      have_k = true;
-    } else if (key == "select" && cfg.id == CodecId::TopK) {
-      if (value == "exact")
-        cfg.select = TopkSelect::Exact;
-      else if (value == "sample")
-        cfg.select = TopkSelect::Sample;
-      else
-        GZ_THROW(InvalidArgument, "codec spec '", spec, "': select must be exact or sample, got ", value);
-    } else {
-      GZ_THROW(InvalidArgument, "codec spec '", spec, "': unknown key '", key, "' for ", info->name,
-               "; valid keys: ", info->keys);
+  std::uint32_t given = 0;
+  bool ef_given = false;
+  if (colon != std::string_view::npos) {
+    std::map<std::string_view, int> seen;
+    for (std::string_view item : split(spec.substr(colon + 1), ',')) {
+      const auto eq = item.find('=');
+      if (item.empty() || eq == std::string_view::npos)
+        GZ_THROW(InvalidArgument, "codec spec '", spec, "': expected key=value, got '", item, "'; valid keys for ",
+                 d->name, ": ", key_names(*d));
+      const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
+      if (seen[key]++) GZ_THROW(InvalidArgument, "codec spec '", spec, "': key '", key, "' given twice");
+      if (key == "ef") {
+        cfg.ef = parse_bool(spec, key, value);
+        ef_given = true;
+        continue;
+      }
+      std::size_t i = 0;
+      while (i < d->keys.size() && d->keys[i].name != key) ++i;
+      if (i == d->keys.size())
+        GZ_THROW(InvalidArgument, "codec spec '", spec, "': unknown key '", key, "' for ", d->name,
+                 "; valid keys: ", key_names(*d));
+      cfg.values[i] = parse_value(spec, d->keys[i], value);
+      given |= 1u << i;
     }
   }
-  if (have_density && have_k)
-    GZ_THROW(InvalidArgument, "codec spec '", spec, "': give either density or k, not both");
-  if (cfg.id == CodecId::None && cfg.ef)
-    GZ_THROW(InvalidArgument, "codec spec '", spec, "': none is lossless, error feedback does not apply");
+  if (d->lossless && ef_given && cfg.ef)
+    GZ_THROW(InvalidArgument, "codec spec '", spec, "': ", d->name, " is lossless, error feedback does not apply");
+  if (d->check) d->check(spec, cfg, given);
   return cfg;
 }
 
 std::string CodecConfig::canonical() const {
-  std::ostringstream os;
-  os << codec_name(id);
-  std::string sep = ":";
-  auto add = [&](const std::string& kv) {
-    os << sep << kv;
+  const CodecDescriptor& d = descriptor();
+  std::string out(d.name);
+  const char* sep = ":";
+  auto add = [&](std::string_view key, const std::string& v) {
+    out.append(sep).append(key).append("=").append(v);
     sep = ",";
   };
-  if (id == CodecId::OneBit) add("block=" + std::to_string(block));
-  if (id == CodecId::TopK) {
-    add(k ? "k=" + std::to_string(k) : "density=" + format_double(density));
-    if (select == TopkSelect::Sample) add("select=sample");
+  for (std::size_t i = 0; i < d.keys.size(); ++i) {
+    const CodecKey& k = d.keys[i];
+    const bool shown = d.shows ? d.shows(*this, i) : k.always_shown || values[i] != k.fallback;
+    if (shown) add(k.name, format_value(k, values[i]));
   }
-  if (id != CodecId::None && !ef) add("ef=off");
-  return os.str();
-}
-
-std::uint64_t CodecConfig::topk_k(std::uint64_t n) const {
-  if (id != CodecId::TopK) return 0;
-  if (k) return k < n ? k : n;
-  return kernels::topk_k_for_density(n, density);
+  if (!d.lossless && !ef) add("ef", "off");
+  return out;
 }
 
 std::vector<std::string> split_spec_list(std::string_view list) {
@@ -185,7 +210,7 @@ std::vector<std::string> expand_spec_grid(std::string_view list) {
     if (item.empty()) continue;
     const auto colon = item.find(':');
     const auto eq = item.find('=');
-    if (colon != std::string_view::npos || (eq == std::string_view::npos && find_codec(item))) {
+    if (colon != std::string_view::npos || (eq == std::string_view::npos && find_codec(item) != nullptr)) {
       grids.push_back({std::string(trim(item.substr(0, colon))), {}});
       if (colon == std::string_view::npos) continue;
       item = trim(item.substr(colon + 1));

@@ -1,38 +1,37 @@
-// Codec spec strings: "name[:key=value[,key=value...]]", parsed here and only here.
-//
-//   none                      fp32 as is
-//   fp16 | bf16               16-bit floats, round to nearest even
-//   onebit[:block=B]          1 sign bit per element + 2 floats per block (B >= 1, default 512)
-//   topk[:density=D|k=K]      the K largest |v| (0 < D <= 1, default density=0.01; K >= 1)
-//        [,select=exact|sample]
-// Every codec also takes ef=on|off (error feedback; default on, none ignores it).
+// Codec spec strings: "name[:key=value[,key=value...]]", parsed here and only
+// here, by the keys each codec's descriptor declares (descriptor.h). Every
+// codec also takes ef=on|off (error feedback; default on, none ignores it).
+// The codecs and their keys: README.md, "Codecs", or gradzip.codec_info() in Python.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "compressors/registry.h"
+
 namespace gz {
 
-/// Codec identifiers; the numbers are part of the wire format.
-enum class CodecId : std::uint16_t { None = 1, Fp16 = 2, Bf16 = 3, OneBit = 4, TopK = 5 };
+/// Most keys a codec may declare (ef aside).
+inline constexpr std::size_t kMaxCodecKeys = 4;
 
-enum class TopkSelect : std::uint8_t { Exact, Sample };
-
-/// A parsed spec string. Fields that do not apply to the codec keep their defaults.
+/// A parsed spec string: the codec and the value of each of its keys.
 struct CodecConfig {
   CodecId id = CodecId::None;
   bool ef = true;
-  std::uint32_t block = 512;  ///< onebit
-  double density = 0.01;      ///< topk, when k == 0
-  std::uint64_t k = 0;        ///< topk: fixed count (0: use density)
-  TopkSelect select = TopkSelect::Exact;
+  /// Key values in the order of the descriptor's keys: integers and reals as
+  /// numbers, a choice as the index of its name. Read them with value().
+  std::array<double, kMaxCodecKeys> values{};
 
+  /// The codec's descriptor.
+  const CodecDescriptor& descriptor() const;
+  /// The value of one of the codec's keys; throws InvalidArgument for a key it does not declare.
+  double value(std::string_view key) const;
   /// The canonical spec string; parse_spec(canonical()) == *this.
   std::string canonical() const;
-  /// Top-k entries for a buffer of n elements (0 for other codecs).
-  std::uint64_t topk_k(std::uint64_t n) const;
   bool operator==(const CodecConfig&) const = default;
 };
 
@@ -49,8 +48,9 @@ std::vector<std::string> split_spec_list(std::string_view list);
 ///   topk:density=0.1, topk:density=0.01, onebit:block=256, onebit:block=1024
 std::vector<std::string> expand_spec_grid(std::string_view list);
 
-/// Names of the codecs, for help texts.
+/// Names of the codecs, for help texts ("none, fp16, ...", in wire id order).
 std::string_view codec_names();
+/// The spec name of a codec id ("unknown" for an id no codec has).
 const char* codec_name(CodecId id);
 
 }  // namespace gz

@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "compressors/codecs.h"
+#include "compressors/codec.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu.h"
 #if GZ_HAVE_CUDA
@@ -13,42 +13,53 @@
 namespace gz::codecs {
 namespace {
 
+// Key indices (kKeys below) and the select choices.
+constexpr std::size_t kDensity = 0, kK = 1, kSelect = 2;
+constexpr double kSample = 1;
+
+bool sampled(const CodecConfig& c) { return c.values[kSelect] == kSample; }
+
+// K for n elements: k clamped to n, or from the density.
+std::uint64_t topk_k(const CodecConfig& c, std::uint64_t n) {
+  const auto k = static_cast<std::uint64_t>(c.values[kK]);
+  if (k) return k < n ? k : n;
+  return kernels::topk_k_for_density(n, c.values[kDensity]);
+}
+
 class TopkCodec final : public Codec {
  public:
   using Codec::Codec;
 
-  std::size_t max_payload_bytes(std::size_t n) const override { return wire::kHeaderBytes + 8 * max_entries(n); }
+  std::uint32_t header_param(std::size_t n) const override { return static_cast<std::uint32_t>(topk_k(config(), n)); }
+  std::size_t max_payload_bytes(std::size_t n) const override {
+    return wire::kHeaderBytes + kernels::TopkLayout::body_bytes(static_cast<std::uint32_t>(max_entries(n)), n);
+  }
 
   std::size_t workspace_bytes(std::size_t n, Device device) const override {
     std::size_t bytes = 0;
     if (device == Device::Cpu) {
-      kernels::cpu::topk_encode(nullptr, bytes, nullptr, nullptr, n, config().topk_k(n), nullptr, nullptr);
+      kernels::cpu::topk_encode(nullptr, bytes, nullptr, nullptr, n, topk_k(config(), n), nullptr, nullptr);
       return bytes;
     }
 #if GZ_HAVE_CUDA
-    kernels::cuda::topk_encode(nullptr, bytes, nullptr, nullptr, n, config().topk_k(n), sampled(), nullptr, {},
+    kernels::cuda::topk_encode(nullptr, bytes, nullptr, nullptr, n, topk_k(config(), n), sampled(), nullptr, {},
                                nullptr, nullptr);
 #endif
     return Codec::workspace_bytes(n, device) + bytes;  // status slot, then the top-k scratch
   }
 
  protected:
-  bool sampled() const { return config().select == TopkSelect::Sample; }
+  bool sampled() const { return codecs::sampled(config()); }
 
   // Entries a payload of n elements may hold.
   std::size_t max_entries(std::size_t n) const {
-    const std::size_t k = config().topk_k(n);
+    const std::size_t k = topk_k(config(), n);
     return sampled() ? std::min(n, kernels::cpu::topk_sampled_max(k)) : k;
   }
 
-  bool expected_param(std::size_t n, std::uint32_t* param) const override {
-    *param = static_cast<std::uint32_t>(config().topk_k(n));
-    return !sampled();
-  }
-
   EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext& ctx) override {
-    GZ_ENFORCE_LE(n, wire::kMaxTopkCount, "topk indexes elements with u32");
-    const std::size_t k = config().topk_k(n), cap = max_entries(n);
+    GZ_ENFORCE_LE(n, kernels::TopkLayout::kMaxCount, "topk indexes elements with u32");
+    const std::size_t k = topk_k(config(), n), cap = max_entries(n);
     std::size_t ws_bytes = workspace_bytes(n, Device::Cpu);
     void* ws = scratch(ctx, ws_bytes);
     auto* idx = reinterpret_cast<std::uint32_t*>(body);
@@ -61,7 +72,7 @@ class TopkCodec final : public Codec {
 
   void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
     const auto* idx = reinterpret_cast<const std::uint32_t*>(p.body);
-    const auto* val = reinterpret_cast<const float*>(p.body + 4 * std::size_t{p.param});
+    const auto* val = reinterpret_cast<const float*>(p.body + kernels::TopkLayout::values_offset(p.param));
     wire::check_topk_indices(idx, p.param, p.count);  // before touching out
     kernels::cpu::topk_decode_accumulate(idx, val, p.param, out);
   }
@@ -69,8 +80,8 @@ class TopkCodec final : public Codec {
 #if GZ_HAVE_CUDA
   std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
                           const ExecContext& ctx) override {
-    GZ_ENFORCE_LE(n, wire::kMaxTopkCount, "topk indexes elements with u32");
-    const std::size_t k = config().topk_k(n);
+    GZ_ENFORCE_LE(n, kernels::TopkLayout::kMaxCount, "topk indexes elements with u32");
+    const std::size_t k = topk_k(config(), n);
     const std::size_t ws_bytes = workspace_bytes(n, Device::Cuda);
     std::byte* ws = static_cast<std::byte*>(scratch(ctx, ws_bytes)) + kCudaStatusBytes;
     std::size_t topk_bytes = ws_bytes - kCudaStatusBytes;
@@ -106,8 +117,54 @@ class TopkCodec final : public Codec {
 #endif
 };
 
+constexpr std::string_view kSelectChoices[] = {"exact", "sample"};
+constexpr CodecKey kKeys[] = {
+    {.name = "density", .kind = CodecKey::Kind::Real, .fallback = 0.01, .lo = 0, .hi = 1, .range = "in (0, 1]"},
+    // 0: not given (density applies). Up to the format's element limit.
+    {.name = "k", .fallback = 0, .lo = 1, .hi = static_cast<double>(wire::kMaxCount), .range = "in [1, 2^40]"},
+    {.name = "select", .kind = CodecKey::Kind::Choice, .fallback = 0, .choices = kSelectChoices},
+};
+
+void check(std::string_view spec, const CodecConfig&, std::uint32_t given) {
+  if ((given & (1u << kDensity)) && (given & (1u << kK)))
+    GZ_THROW(InvalidArgument, "codec spec '", spec, "': give either density or k, not both");
+}
+
+// density=D or k=K, whichever sets K; select when not the default.
+bool shows(const CodecConfig& c, std::size_t key) {
+  if (key == kDensity) return c.values[kK] == 0;
+  if (key == kK) return c.values[kK] != 0;
+  return c.values[key] != kKeys[key].fallback;
+}
+
+std::string describe_param(std::uint32_t reason, std::uint32_t k, std::uint64_t count) {
+  if (reason == 1) return "topk payload count " + std::to_string(count) + " exceeds u32 indices";
+  return "topk payload has " + std::to_string(k) + " entries for only " + std::to_string(count) + " elements";
+}
+
+constexpr std::string_view kTestSpecs[] = {"topk:density=0.01", "topk:k=7", "topk:density=0.3,select=sample",
+                                           "topk:density=0.05,ef=off", "topk:k=5",
+                                           "topk:density=0.2,select=sample"};
+constexpr BenchSpec kBench[] = {{"topk", "topk:density=0.01"}, {"topk_sample", "topk:density=0.01,select=sample"}};
+
 }  // namespace
 
-std::unique_ptr<Codec> make_topk(const CodecConfig& cfg) { return std::make_unique<TopkCodec>(cfg); }
+extern const CodecDescriptor topk{
+    .name = "topk",
+    .id = CodecId::TopK,
+    .summary = "the K largest |v| as (u32 index, f32 value) pairs, indices increasing",
+    .keys = kKeys,
+    .make = [](const CodecConfig& c) -> std::unique_ptr<Codec> { return std::make_unique<TopkCodec>(c); },
+    // select=sample decides the count on the data.
+    .fixed_size = [](const CodecConfig& c) { return !sampled(c); },
+    // One step sends a fraction of the mass (EF sends the rest later).
+    .error_bound = [](const CodecConfig&) { return 1.0; },
+    .hint = {.sparse = true, .allgather_up_to_ranks = 16},
+    .describe_param = describe_param,
+    .check = check,
+    .shows = shows,
+    .test_specs = kTestSpecs,
+    .bench_specs = kBench,
+};
 
 }  // namespace gz::codecs

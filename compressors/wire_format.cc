@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "compressors/descriptor.h"
 
 static_assert(std::endian::native == std::endian::little,
               "gradzip's wire format is little-endian and so far only little-endian hosts are supported");
@@ -13,8 +14,17 @@ namespace gz::wire {
 namespace {
 
 const char* name_of(std::uint64_t codec) {
-  if (codec < 1 || codec > 5) return "unknown codec";
-  return codec_name(static_cast<CodecId>(codec));
+  const CodecDescriptor* d = codec <= kLastCodecId ? find_codec(static_cast<CodecId>(codec)) : nullptr;
+  return d ? d->name.data() : "unknown codec";
+}
+
+std::string bad_param(std::uint64_t codec_reason, std::uint64_t param, std::uint64_t count) {
+  const auto codec = static_cast<std::uint32_t>(codec_reason), reason = static_cast<std::uint32_t>(codec_reason >> 32);
+  const CodecDescriptor* d = codec <= kLastCodecId ? find_codec(static_cast<CodecId>(codec)) : nullptr;
+  if (d && d->describe_param) return d->describe_param(reason, static_cast<std::uint32_t>(param), count);
+  std::ostringstream os;
+  os << name_of(codec) << " payload with invalid param " << param << " for " << count << " elements";
+  return os.str();
 }
 
 void throw_if_bad(const HeaderVerdict& v) {
@@ -34,12 +44,7 @@ std::string describe(PayloadCheck code, const std::uint64_t* d) {
     case PayloadCheck::UnknownCodec: os << "unknown codec id " << d[0] << " in payload header"; break;
     case PayloadCheck::BadFlags: os << "reserved header flags set: 0x" << std::hex << d[0]; break;
     case PayloadCheck::AbsurdCount: os << "absurd element count " << d[0] << " (limit 2^40)"; break;
-    case PayloadCheck::NonzeroParam: os << name_of(d[0]) << " payload with non-zero param " << d[1]; break;
-    case PayloadCheck::ZeroBlock: os << "onebit payload with block size 0"; break;
-    case PayloadCheck::TopkCountTooLarge: os << "topk payload count " << d[0] << " exceeds u32 indices"; break;
-    case PayloadCheck::TopkParamOverCount:
-      os << "topk payload has " << d[0] << " entries for only " << d[1] << " elements";
-      break;
+    case PayloadCheck::BadParam: os << bad_param(d[0], d[1], d[2]); break;
     case PayloadCheck::BodyBytesMismatch:
       os << name_of(d[2]) << " header says " << d[0] << " body bytes, the format needs " << d[1];
       break;

@@ -5,25 +5,20 @@
 //        0    4 magic        "GZP1" (0x31505A47)
 //        4    2 version      1
 //        6    2 codec        CodecId
-//        8    4 param        onebit: block size; topk: entries in this payload; else 0
+//        8    4 param        the codec's (its body layout says what it holds)
 //       12    4 flags        0 (reserved; a payload with other bits set is rejected)
 //       16    8 count        elements n of the gradient buffer
 //       24    8 body_bytes   bytes after the header
 //
-// Bodies (n elements, all little-endian):
-//   none     n x f32
-//   fp16     n x u16 binary16
-//   bf16     n x u16 bfloat16
-//   onebit   ceil(n/B) x {f32 pos_mean, f32 neg_mean}, then ceil(n/32) x u32 sign words
-//            (bit j of word w is element 32w+j; 1 = negative)
-//   topk     K x u32 index (strictly increasing, < n), then K x f32 value
+// Bodies: each codec's body layout, in its kernels/<codec>.h (the *Layout
+// struct that registry.h names), written down in docs/wire_format.md.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "compressors/spec.h"
+#include "compressors/registry.h"
 #include "kernels/hd.h"
 
 namespace gz::wire {
@@ -33,8 +28,6 @@ inline constexpr std::uint16_t kVersion = 1;
 inline constexpr std::size_t kHeaderBytes = 32;
 /// Largest element count a payload may claim (2^40): guards size arithmetic.
 inline constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 40;
-/// Top-k indices are u32.
-inline constexpr std::uint64_t kMaxTopkCount = 0xFFFFFFFFu;
 
 struct Header {
   std::uint32_t magic = kMagic;
@@ -47,15 +40,27 @@ struct Header {
 };
 static_assert(sizeof(Header) == kHeaderBytes, "header layout must be packed to 32 bytes");
 
-/// Body bytes a payload of `codec` with `param` and `count` must have
-/// (param >= 1 for onebit; 0 for an unknown codec).
-GZ_HD std::uint64_t body_bytes(CodecId codec, std::uint32_t param, std::uint64_t count) {
+/// 0 when `param` is a valid header param of `codec` for `count` elements,
+/// else the codec layout's reason (~0u for an id no codec has). The one
+/// switch on codec ids, generated from the registry: it runs on the device too.
+GZ_HD std::uint32_t check_param(std::uint32_t codec, std::uint32_t param, std::uint64_t count) {
   switch (codec) {
-    case CodecId::None: return 4 * count;
-    case CodecId::Fp16:
-    case CodecId::Bf16: return 2 * count;
-    case CodecId::OneBit: return 8 * ((count + param - 1) / param) + 4 * ((count + 31) / 32);
-    case CodecId::TopK: return 8 * static_cast<std::uint64_t>(param);
+#define GZ_CODEC_CHECK_PARAM(E, id, name, layout) \
+  case id: return layout::check_param(param, count);
+    GZ_CODEC_REGISTRY(GZ_CODEC_CHECK_PARAM)
+#undef GZ_CODEC_CHECK_PARAM
+  }
+  return ~0u;
+}
+
+/// Body bytes a payload of `codec` with a valid `param` and `count` has (0 for
+/// an id no codec has).
+GZ_HD std::uint64_t body_bytes(CodecId codec, std::uint32_t param, std::uint64_t count) {
+  switch (static_cast<std::uint32_t>(codec)) {
+#define GZ_CODEC_BODY_BYTES(E, id, name, layout) \
+  case id: return layout::body_bytes(param, count);
+    GZ_CODEC_REGISTRY(GZ_CODEC_BODY_BYTES)
+#undef GZ_CODEC_BODY_BYTES
   }
   return 0;
 }
@@ -87,10 +92,7 @@ enum class PayloadCheck : std::uint32_t {
   UnknownCodec,       ///< detail: codec id
   BadFlags,           ///< detail: flags
   AbsurdCount,        ///< detail: count
-  NonzeroParam,       ///< detail: codec id, param
-  ZeroBlock,          ///< onebit block size 0
-  TopkCountTooLarge,  ///< detail: count
-  TopkParamOverCount, ///< detail: param, count
+  BadParam,           ///< detail: codec id | reason << 32 (the layout's check_param), param, count
   BodyBytesMismatch,  ///< detail: header body_bytes, bytes the format needs, codec id
   SizeMismatch,       ///< detail: payload size, header + body
   CodecMismatch,      ///< detail: payload codec, decoder codec
@@ -128,18 +130,14 @@ GZ_HD HeaderVerdict verdict(PayloadCheck c, std::uint64_t a = 0, std::uint64_t b
 GZ_HD HeaderVerdict check_structure(const std::uint32_t* w, std::uint64_t size) {
   const std::uint32_t magic = w[0], version = w[1] & 0xFFFFu, codec = w[1] >> 16, param = w[2], flags = w[3];
   const std::uint64_t count = word64(w, 4), body = word64(w, 6);
-  constexpr auto id = [](CodecId c) { return static_cast<std::uint32_t>(c); };
   if (magic != kMagic) return verdict(PayloadCheck::BadMagic, magic);
   if (version != kVersion) return verdict(PayloadCheck::BadVersion, version);
-  if (codec < id(CodecId::None) || codec > id(CodecId::TopK)) return verdict(PayloadCheck::UnknownCodec, codec);
+  if (codec < 1 || codec > kLastCodecId) return verdict(PayloadCheck::UnknownCodec, codec);
   if (flags != 0) return verdict(PayloadCheck::BadFlags, flags);
   if (count > kMaxCount) return verdict(PayloadCheck::AbsurdCount, count);
-  if (codec <= id(CodecId::Bf16) && param != 0) return verdict(PayloadCheck::NonzeroParam, codec, param);
-  if (codec == id(CodecId::OneBit) && param == 0) return verdict(PayloadCheck::ZeroBlock);
-  if (codec == id(CodecId::TopK)) {
-    if (count > kMaxTopkCount) return verdict(PayloadCheck::TopkCountTooLarge, count);
-    if (param > count) return verdict(PayloadCheck::TopkParamOverCount, param, count);
-  }
+  const std::uint32_t reason = check_param(codec, param, count);
+  if (reason == ~0u) return verdict(PayloadCheck::UnknownCodec, codec);
+  if (reason != 0) return verdict(PayloadCheck::BadParam, codec | (std::uint64_t{reason} << 32), param, count);
   const std::uint64_t want_body = body_bytes(static_cast<CodecId>(codec), param, count);
   if (body != want_body) return verdict(PayloadCheck::BodyBytesMismatch, body, want_body, codec);
   if (size - kHeaderBytes != body) return verdict(PayloadCheck::SizeMismatch, size, kHeaderBytes + body);

@@ -84,4 +84,15 @@ struct BFloat16Format {
   GZ_HD static float decode(std::uint16_t b) { return bf16_to_float(b); }
 };
 
+/// Wire body of a codec that sends every element in `kBytes` bytes (none: f32,
+/// fp16/bf16: u16), in element order. The header param is unused (0).
+template <unsigned kBytes>
+struct DenseLayout {
+  /// 0 when a header param is valid for `count` elements; else why not (1: not 0).
+  GZ_HD static std::uint32_t check_param(std::uint32_t param, std::uint64_t) { return param != 0 ? 1u : 0u; }
+  GZ_HD static std::uint64_t body_bytes(std::uint32_t, std::uint64_t count) { return kBytes * count; }
+};
+using NoneLayout = DenseLayout<4>;
+using CastLayout = DenseLayout<2>;
+
 }  // namespace gz::kernels

@@ -1,6 +1,8 @@
 // CPU loops over the per-element functions in kernels/*.h. These are the
 // executable specification of the CUDA launches in kernels/*.cu: for the same
-// input both produce the same bits.
+// input both produce the same bits. The loops of the first codecs are declared
+// here; later codecs declare theirs in their own header (qsgd.h, fp8.h), with
+// the same conventions.
 //
 // Conventions, for every function here:
 //   - `g` is the gradient (n floats). `r` is the error-feedback residual (n

@@ -1,5 +1,7 @@
 // CUDA launches over the per-element functions in kernels/*.h: the twins of
 // the CPU loops in kernels/cpu.h, giving the same bits for the same input.
+// Later codecs declare theirs in their own header (qsgd.h, fp8.h), with the
+// same conventions.
 // Host-callable without the CUDA headers (Stream is cudaStream_t).
 //
 // Conventions, for every function here (as in kernels/cpu.h):

@@ -41,6 +41,40 @@ __device__ __forceinline__ void store_blob(const Blob32& b) {
 /// True when a decode must do nothing (its payload failed validation).
 __device__ __forceinline__ bool gate_closed(const std::uint32_t* gate) { return gate && *gate != 0; }
 
+/// What an encode quantizes: v = g + r with error feedback, g without.
+template <bool kEf>
+__device__ __forceinline__ float ef_input(const float* __restrict__ g, const float* __restrict__ r, std::size_t i) {
+  return kEf ? g[i] + r[i] : g[i];
+}
+
+/// Element b of an array of two-float structs (per-block scales) inside a
+/// payload, which is only 4-byte aligned: moved as two floats.
+template <class T>
+__device__ __forceinline__ void store_pair(T* array, std::size_t b, const T& v) {
+  static_assert(sizeof(T) == 2 * sizeof(float), "a pair of floats");
+  float* p = reinterpret_cast<float*>(array) + 2 * b;
+  const float* f = reinterpret_cast<const float*>(&v);
+  p[0] = f[0];
+  p[1] = f[1];
+}
+template <class T>
+__device__ __forceinline__ T load_pair(const T* array, std::size_t b) {
+  static_assert(sizeof(T) == 2 * sizeof(float), "a pair of floats");
+  const float* p = reinterpret_cast<const float*>(array) + 2 * b;
+  T v;
+  float* f = reinterpret_cast<float*>(&v);
+  f[0] = p[0];
+  f[1] = p[1];
+  return v;
+}
+
+/// out[4u .. 4u+3] += d, as one float4 (out 16-byte aligned).
+__device__ __forceinline__ void accumulate4(float* __restrict__ out, std::size_t u, const float (&d)[4]) {
+  float4 o = reinterpret_cast<float4*>(out)[u];
+  o.x += d[0], o.y += d[1], o.z += d[2], o.w += d[3];
+  reinterpret_cast<float4*>(out)[u] = o;
+}
+
 __device__ __forceinline__ std::size_t global_thread() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

@@ -24,22 +24,6 @@ using namespace detail;
 
 constexpr int kMaxChunks = 16;  // registers hold blocks of up to 512 elements
 
-// Scales sit in the payload, which is only 4-byte aligned: move them as two floats.
-__device__ __forceinline__ void store_scales(OnebitScales* scales, std::size_t b, OnebitScales s) {
-  float* p = reinterpret_cast<float*>(scales) + 2 * b;
-  p[0] = s.pos;
-  p[1] = s.neg;
-}
-__device__ __forceinline__ OnebitScales load_scales(const OnebitScales* scales, std::size_t b) {
-  const float* p = reinterpret_cast<const float*>(scales) + 2 * b;
-  return OnebitScales{p[0], p[1]};
-}
-
-template <bool kEf>
-__device__ __forceinline__ float input(const float* __restrict__ g, const float* __restrict__ r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
-}
-
 // The halving tree of kernels/onebit.h across the warp; lane 0 ends with the total.
 __device__ __forceinline__ OnebitPartial warp_tree(OnebitPartial p) {
 #pragma unroll
@@ -66,7 +50,7 @@ template <bool kEf>
 __device__ __forceinline__ OnebitPartial block_partial(const float* g, const float* r, std::size_t begin,
                                                        std::uint32_t len, unsigned lane) {
   OnebitPartial p;
-  for (std::uint32_t j = lane; j < len; j += 32) p.add(input<kEf>(g, r, begin + j));
+  for (std::uint32_t j = lane; j < len; j += 32) p.add(ef_input<kEf>(g, r, begin + j));
   return p;
 }
 
@@ -87,13 +71,13 @@ __global__ void __launch_bounds__(kThreads)
       float v[kMaxChunks];
 #pragma unroll
       for (int c = 0; c < kMaxChunks; ++c)
-        if (c * 32 + lane < len) v[c] = input<kEf>(g, r, begin + c * 32 + lane);
+        if (c * 32 + lane < len) v[c] = ef_input<kEf>(g, r, begin + c * 32 + lane);
       OnebitPartial p;
 #pragma unroll
       for (int c = 0; c < kMaxChunks; ++c)
         if (c * 32 + lane < len) p.add(v[c]);
       const OnebitScales s = warp_scales(warp_tree(p), len);
-      if (lane == 0) store_scales(scales, b, s);
+      if (lane == 0) store_pair(scales, b, s);
       std::uint32_t my_word = 0;  // lane c keeps word c, so the words go out in one store
 #pragma unroll
       for (int c = 0; c < kMaxChunks; ++c) {
@@ -108,11 +92,11 @@ __global__ void __launch_bounds__(kThreads)
       if (lane < chunks) bits[word0 + lane] = my_word;
     } else {
       const OnebitScales s = warp_scales(warp_tree(block_partial<kEf>(g, r, begin, len, lane)), len);
-      if (lane == 0) store_scales(scales, b, s);
+      if (lane == 0) store_pair(scales, b, s);
       for (std::uint32_t c = 0; c < chunks; ++c) {
         const std::uint32_t j = c * 32 + lane;
         const bool valid = j < len;
-        const float v = valid ? input<kEf>(g, r, begin + j) : 0.0f;
+        const float v = valid ? ef_input<kEf>(g, r, begin + j) : 0.0f;
         const bool neg = valid && onebit_is_negative(v);
         if (kEf && valid) r[begin + j] = ef_residual(v, onebit_value(neg, s));
         const std::uint32_t word = __ballot_sync(kFullMask, neg);
@@ -133,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     const std::size_t begin = b * block;
     const std::uint32_t len = static_cast<std::uint32_t>(n - begin < block ? n - begin : block);
     const OnebitScales s = warp_scales(warp_tree(block_partial<kEf>(g, r, begin, len, lane)), len);
-    if (lane == 0) store_scales(scales, b, s);
+    if (lane == 0) store_pair(scales, b, s);
   }
 }
 
@@ -150,9 +134,9 @@ __global__ void __launch_bounds__(kThreads)
     const bool valid = i < n;
     bool neg = false;
     if (valid) {
-      const float v = input<kEf>(g, r, i);
+      const float v = ef_input<kEf>(g, r, i);
       neg = onebit_is_negative(v);
-      if constexpr (kEf) r[i] = ef_residual(v, onebit_value(neg, load_scales(scales, i / block)));
+      if constexpr (kEf) r[i] = ef_residual(v, onebit_value(neg, load_pair(scales, i / block)));
     }
     const std::uint32_t word = __ballot_sync(kFullMask, neg);
     if (lane == 0) bits[w] = word;
@@ -173,21 +157,19 @@ __global__ void __launch_bounds__(kThreads)
       const std::size_t b0 = i / block;
       float d[4];
       if ((i + 3) / block == b0) {
-        const OnebitScales s = load_scales(scales, b0);
+        const OnebitScales s = load_pair(scales, b0);
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[e] = onebit_value((nib >> e) & 1u, s);
       } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = onebit_value((nib >> e) & 1u, load_scales(scales, (i + e) / block));
+        for (int e = 0; e < 4; ++e) d[e] = onebit_value((nib >> e) & 1u, load_pair(scales, (i + e) / block));
       }
-      float4 o = reinterpret_cast<float4*>(out)[u];
-      o.x += d[0], o.y += d[1], o.z += d[2], o.w += d[3];
-      reinterpret_cast<float4*>(out)[u] = o;
+      accumulate4(out, u, d);
     }
     tail = units * 4;
   }
   for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
-    out[i] += onebit_value((bits[i / 32] >> (i % 32)) & 1u, load_scales(scales, i / block));
+    out[i] += onebit_value((bits[i / 32] >> (i % 32)) & 1u, load_pair(scales, i / block));
 }
 
 }  // namespace

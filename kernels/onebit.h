@@ -69,4 +69,19 @@ GZ_HD float onebit_value(bool negative, OnebitScales s) { return select(negative
 GZ_HD std::uint64_t onebit_blocks(std::uint64_t n, std::uint32_t block) { return (n + block - 1) / block; }
 GZ_HD std::uint64_t onebit_words(std::uint64_t n) { return (n + 31) / 32; }
 
+/// Wire body (header param = block size B >= 1):
+///   ceil(n/B) x {f32 pos, f32 neg}, then ceil(n/32) x u32 sign words
+///   (bit j of word w is element 32w+j; 1 = negative).
+struct OnebitLayout {
+  /// 0 when a header param is valid; 1: block size 0.
+  GZ_HD static std::uint32_t check_param(std::uint32_t block, std::uint64_t) { return block == 0 ? 1u : 0u; }
+  /// Offset of the sign words.
+  GZ_HD static std::uint64_t words_offset(std::uint32_t block, std::uint64_t count) {
+    return 8 * onebit_blocks(count, block);
+  }
+  GZ_HD static std::uint64_t body_bytes(std::uint32_t block, std::uint64_t count) {
+    return words_offset(block, count) + 4 * onebit_words(count);
+  }
+};
+
 }  // namespace gz::kernels

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "kernels/cpu.h"
+#include "kernels/cpu_loops.h"
 #include "kernels/error_feedback.h"
 
 #if defined(__AVX512F__)
@@ -21,13 +22,9 @@
 namespace gz::kernels::cpu {
 namespace {
 
-constexpr int L = kOnebitLanes;
-constexpr std::size_t kPrefetchAhead = 1024;  // elements (4 KiB)
+using namespace detail;
 
-template <bool kEf>
-inline float input(const float* g, const float* r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
-}
+constexpr int L = kOnebitLanes;
 
 // One core keeps too few lines in flight on its own: prefetch explicitly.
 template <bool kEf>

@@ -33,6 +33,21 @@ GZ_HD std::uint32_t topk_digit(std::uint32_t key, int d) {
   return (key >> kTopkDigitShift[d]) & ((1u << kTopkDigitBits[d]) - 1u);
 }
 
+/// Wire body (header param = K, the entries in this payload):
+///   K x u32 index (strictly increasing, < n), then K x f32 value.
+struct TopkLayout {
+  /// Indices are u32: a topk payload covers at most this many elements.
+  static constexpr std::uint64_t kMaxCount = 0xFFFFFFFFu;
+  /// 0 when a header param is valid for `count` elements; 1: count over kMaxCount; 2: K > count.
+  GZ_HD static std::uint32_t check_param(std::uint32_t k, std::uint64_t count) {
+    if (count > kMaxCount) return 1;
+    return k > count ? 2u : 0u;
+  }
+  /// Offset of the values.
+  GZ_HD static std::uint64_t values_offset(std::uint32_t k) { return 4 * static_cast<std::uint64_t>(k); }
+  GZ_HD static std::uint64_t body_bytes(std::uint32_t k, std::uint64_t) { return 8 * static_cast<std::uint64_t>(k); }
+};
+
 /// Entries K for `n` elements at `density` (0 < density <= 1): ceil(density * n),
 /// at least 1 when n > 0, with a tolerance so that 0.01 * 100 gives 1, not 2.
 GZ_HD std::uint64_t topk_k_for_density(std::uint64_t n, double density) {

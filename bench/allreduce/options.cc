@@ -7,17 +7,52 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "compressors/descriptor.h"
 #include "compressors/spec.h"
 
 namespace gz::bench {
+
+std::vector<std::string> default_codecs() {
+  std::vector<std::string> out;
+  for (const CodecDescriptor* d : all_codecs()) out.emplace_back(d->bench_specs.front().spec);
+  return out;
+}
+
 namespace {
+
+// The registry as JSON, for tools that drive this binary without gradzip's
+// Python extension (the sweep, run from a checkout): the fields of
+// gradzip.codec_info() that they use.
+void list_codecs() {
+  auto str = [](std::string_view s) {  // names and specs: letters, digits and ":,=._" only
+    return "\"" + std::string(s) + "\"";
+  };
+  std::string out = "[";
+  for (const CodecDescriptor* d : all_codecs()) {
+    out += (out.size() > 1 ? ",\n " : "") + std::string("{\"name\": ") + str(d->name) +
+           ", \"id\": " + std::to_string(static_cast<int>(d->id)) +
+           ", \"lossless\": " + (d->lossless ? "true" : "false") + ", \"sparse\": " +
+           (d->hint.sparse ? "true" : "false") +
+           ", \"allgather_up_to_ranks\": " + std::to_string(d->hint.allgather_up_to_ranks) + ", \"bench_specs\": [";
+    for (std::size_t i = 0; i < d->bench_specs.size(); ++i)
+      out += (i ? ", [" : "[") + str(d->bench_specs[i].label) + ", " + str(d->bench_specs[i].spec) + "]";
+    out += "]}";
+  }
+  std::printf("%s]\n", out.c_str());
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
 
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: gradzip-run -n N -- gradzip-bench [options]\n"
                "\n"
                "Compressed allreduce over N ranks, nccl-tests style: one row per size and codec.\n"
-               "  --codecs LIST      comma-separated codec specs (default none,fp16,bf16,onebit,topk:density=0.01)\n"
+               "  --codecs LIST      comma-separated codec specs (default %s)\n"
                "  --sizes LIST       element counts with K/M/G suffixes (default 1M,4M,16M)\n"
                "  --transport T      ucx | nccl (default ucx)\n"
                "  --algorithm A      auto | allgather | scatter_reduce (default auto)\n"
@@ -27,8 +62,9 @@ void usage(FILE* f) {
                "  --json FILE        also write the rows as a JSON list\n"
                "  --jsonl FILE       append each row to FILE as one JSON line when it finishes\n"
                "  --timeout S        seconds before a silent peer is an error (default GRADZIP_TIMEOUT_S or 60)\n"
+               "  --list-codecs      print the codec registry as JSON and exit\n"
                "Codecs: %s\n",
-               std::string(codec_names()).c_str());
+               joined(default_codecs()).c_str(), std::string(codec_names()).c_str());
 }
 
 [[noreturn]] void bad(const std::string& msg) {
@@ -77,6 +113,7 @@ Options parse_options(int argc, char** argv) {
                                  {"json", required_argument, nullptr, 'j'},
                                  {"jsonl", required_argument, nullptr, 'l'},
                                  {"timeout", required_argument, nullptr, 'T'},
+                                 {"list-codecs", no_argument, nullptr, 'L'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
   try {
@@ -114,6 +151,7 @@ Options parse_options(int argc, char** argv) {
           break;
         }
         case 'h': usage(stdout); std::exit(0);
+        case 'L': list_codecs(); std::exit(0);
         default: usage(stderr); std::exit(2);
       }
     }

@@ -10,8 +10,11 @@
 
 namespace gz::bench {
 
+/// Every registered codec's first benchmark spec (descriptor.h), in registry order.
+std::vector<std::string> default_codecs();
+
 struct Options {
-  std::vector<std::string> codecs = {"none", "fp16", "bf16", "onebit", "topk:density=0.01"};
+  std::vector<std::string> codecs = default_codecs();
   std::vector<std::size_t> sizes = {1 << 20, 4 << 20, 16 << 20};  ///< floats
   TransportKind transport = TransportKind::Ucx;
   Algorithm algorithm = Algorithm::Auto;

@@ -55,14 +55,14 @@ void print_header(const Options& o, int ranks, const std::string& transport_desc
               "# baseline is the uncompressed fp32 allreduce (none, scatter_reduce) on the same transport.\n"
               "# rel_err: ||out - exact|| / ||exact|| of the first call (zero EF state). workspace: bytes per\n"
               "# rank beyond the buffer and EF state.\n#\n");
-  std::printf("# %11s  %-18s %-14s %12s %7s %9s %9s %9s %9s %8s %9s %12s  %s\n", "elements", "codec", "algorithm",
+  std::printf("# %11s  %-26s %-14s %12s %7s %9s %9s %9s %9s %8s %9s %12s  %s\n", "elements", "codec", "algorithm",
               "wire(B)", "ratio", "enc(ms)", "comm(ms)", "dec(ms)", "total(ms)", "speedup", "rel_err",
               "workspace(B)", "check");
   std::fflush(stdout);
 }
 
 void print_row(const Row& r) {
-  std::printf("  %11zu  %-18s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %8.2f %9.2e %12zu  %s%s%s\n", r.elements,
+  std::printf("  %11zu  %-26s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %8.2f %9.2e %12zu  %s%s%s\n", r.elements,
               r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm), r.wire_bytes, r.ratio,
               r.encode_ms, r.comm_ms, r.decode_ms, r.total_ms, r.speedup, r.rel_error, r.workspace_bytes,
               r.ok ? "OK" : "FAILED", r.note.empty() ? "" : ": ", r.note.c_str());

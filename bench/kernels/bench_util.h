@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "compressors/descriptor.h"
+
 namespace gz::bench {
 
 /// Element counts every benchmark runs: 1M, 16M, 64M floats.
@@ -18,15 +20,23 @@ inline const std::vector<std::size_t>& sizes() {
   return s;
 }
 
-/// Codec specs benchmarked, by the short name used in benchmark names.
+/// A codec spec benchmarked, by the short name used in benchmark names.
 struct BenchCodec {
-  const char* name;
-  const char* spec;
+  std::string name;
+  std::string spec;
+  const CodecDescriptor* codec;
+  /// Dense and lossy: held to the kernel targets (share of copy's rate).
+  bool targeted() const { return !codec->lossless && !codec->hint.sparse; }
 };
+
+/// Every registered codec's benchmark rows (descriptor.h: bench_specs).
 inline const std::vector<BenchCodec>& bench_codecs() {
-  static const std::vector<BenchCodec> c = {
-      {"none", "none"}, {"fp16", "fp16"}, {"bf16", "bf16"}, {"onebit", "onebit:block=512"},
-      {"topk", "topk:density=0.01"}};
+  static const std::vector<BenchCodec> c = [] {
+    std::vector<BenchCodec> out;
+    for (const CodecDescriptor* d : all_codecs())
+      for (const BenchSpec& b : d->bench_specs) out.push_back({std::string(b.label), std::string(b.spec), d});
+    return out;
+  }();
   return c;
 }
 

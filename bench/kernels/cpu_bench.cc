@@ -34,7 +34,7 @@ struct Buffers {
   std::size_t bytes = 0;
   ExecContext ctx;
 
-  Buffers(const char* spec, std::size_t n) : codec(make_codec(spec)) {
+  Buffers(const std::string& spec, std::size_t n) : codec(make_codec(spec)) {
     g = random_normal(n, 2);
     r = random_normal(n, 3, 0.01f);
     out.assign(n, 0.0f);
@@ -49,7 +49,7 @@ struct Buffers {
   }
 };
 
-void bm_encode(benchmark::State& state, const char* spec, std::size_t n) {
+void bm_encode(benchmark::State& state, const std::string& spec, std::size_t n) {
   Buffers b(spec, n);
   for (auto _ : state) {
     benchmark::DoNotOptimize(b.encode());
@@ -58,7 +58,7 @@ void bm_encode(benchmark::State& state, const char* spec, std::size_t n) {
   set_rates(state, n, 12 * n + b.bytes);
 }
 
-void bm_decode(benchmark::State& state, const char* spec, std::size_t n) {
+void bm_decode(benchmark::State& state, const std::string& spec, std::size_t n) {
   Buffers b(spec, n);
   b.encode();
   for (auto _ : state) {
@@ -101,9 +101,9 @@ void bm_nth_element(benchmark::State& state, std::size_t n, std::size_t k) {
     const std::string sn = size_name(n);
     benchmark::RegisterBenchmark(("copy/" + sn).c_str(), bm_copy, n)->Unit(benchmark::kMillisecond);
     for (const BenchCodec& c : bench_codecs()) {
-      benchmark::RegisterBenchmark(("encode/" + std::string(c.name) + "/" + sn).c_str(), bm_encode, c.spec, n)
+      benchmark::RegisterBenchmark(("encode/" + c.name + "/" + sn).c_str(), bm_encode, c.spec, n)
           ->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark(("decode/" + std::string(c.name) + "/" + sn).c_str(), bm_decode, c.spec, n)
+      benchmark::RegisterBenchmark(("decode/" + c.name + "/" + sn).c_str(), bm_decode, c.spec, n)
           ->Unit(benchmark::kMillisecond);
     }
     const std::size_t k = kernels::topk_k_for_density(n, 0.01);

@@ -119,7 +119,7 @@ struct CodecBuffers {
   ExecContext ctx;
   std::size_t bytes = 0;
 
-  CodecBuffers(const char* spec, std::size_t count)
+  CodecBuffers(const std::string& spec, std::size_t count)
       : codec(make_codec(spec)),
         n(count),
         g(count),
@@ -145,7 +145,7 @@ struct CodecBuffers {
   }
 };
 
-void bm_encode_cuda(benchmark::State& state, const char* spec, std::size_t n) {
+void bm_encode_cuda(benchmark::State& state, const std::string& spec, std::size_t n) {
   if (!have_gpu()) return state.SkipWithError("no CUDA device");
   CodecBuffers b(spec, n);
   EventTimer t(b.st.s);
@@ -155,7 +155,7 @@ void bm_encode_cuda(benchmark::State& state, const char* spec, std::size_t n) {
   state.counters["payload_B"] = static_cast<double>(b.bytes);
 }
 
-void bm_decode_cuda(benchmark::State& state, const char* spec, std::size_t n) {
+void bm_decode_cuda(benchmark::State& state, const std::string& spec, std::size_t n) {
   if (!have_gpu()) return state.SkipWithError("no CUDA device");
   CodecBuffers b(spec, n);
   b.encode();
@@ -163,8 +163,8 @@ void bm_decode_cuda(benchmark::State& state, const char* spec, std::size_t n) {
   t.seconds([&] { b.decode(); });
   for (auto _ : state) state.SetIterationTime(t.seconds([&] { b.decode(); }));
   check_payload_status(b.status.ptr, b.st.s);  // every decode above was valid
-  // topk touches only the sent entries of out (read + write, 8 bytes each).
-  const bool sparse = b.codec->id() == CodecId::TopK;
+  // A sparse codec touches only the sent entries of out (read + write, 8 bytes each).
+  const bool sparse = b.codec->descriptor().hint.sparse;
   set_rates(state, n, (sparse ? b.bytes - wire::kHeaderBytes : 8 * n) + b.bytes);
 }
 
@@ -189,20 +189,17 @@ void bm_topk_cuda(benchmark::State& state, std::size_t n, std::size_t k) {
 }
 
 [[maybe_unused]] const bool registered = [] {
-  std::vector<BenchCodec> codecs = bench_codecs();
-  codecs.push_back({"topk_sample", "topk:density=0.01,select=sample"});
+  const std::vector<BenchCodec>& codecs = bench_codecs();
   for (std::size_t n : sizes()) {
     const std::string sn = size_name(n);
     benchmark::RegisterBenchmark(("copy_cuda/" + sn).c_str(), bm_copy_cuda, n)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
     for (const BenchCodec& c : codecs) {
-      benchmark::RegisterBenchmark(("encode_cuda/" + std::string(c.name) + "/" + sn).c_str(), bm_encode_cuda, c.spec,
-                                   n)
+      benchmark::RegisterBenchmark(("encode_cuda/" + c.name + "/" + sn).c_str(), bm_encode_cuda, c.spec, n)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("decode_cuda/" + std::string(c.name) + "/" + sn).c_str(), bm_decode_cuda, c.spec,
-                                   n)
+      benchmark::RegisterBenchmark(("decode_cuda/" + c.name + "/" + sn).c_str(), bm_decode_cuda, c.spec, n)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
     }

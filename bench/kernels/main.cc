@@ -120,8 +120,9 @@ void add_machine_context() {
 }
 
 // "% of copy" for the codecs of one family (cpu: elements/s; cuda: bytes/s).
+// Dense lossy codecs are held to the targets at n = 16M.
 void summarize_family(std::FILE* out, const RecordingReporter& rep, const char* enc, const char* dec, const char* copy,
-                      bool by_bytes, double target) {
+                      bool by_bytes, double enc_target, double dec_target) {
   bool header = false;
   for (std::size_t n : sizes()) {
     const std::string sn = size_name(n);
@@ -134,25 +135,25 @@ void summarize_family(std::FILE* out, const RecordingReporter& rep, const char* 
       if (!e && !d) continue;
       if (!header) {
         std::fprintf(out,
-                     "\n# %s / %s vs %s (%s per second, same run); target >= %.0f%% for fp16, bf16, onebit at n = 16M\n",
-                     enc, dec, copy, by_bytes ? "bytes moved" : "elements", target * 100);
-        std::fprintf(out, "# %-8s %12s %10s %10s\n", "codec", "n", "encode", "decode");
+                     "\n# %s / %s vs %s (%s per second, same run); targets for dense lossy codecs at n = 16M: "
+                     "encode >= %.0f%%, decode >= %.0f%%\n",
+                     enc, dec, copy, by_bytes ? "bytes moved" : "elements", enc_target * 100, dec_target * 100);
+        std::fprintf(out, "# %-12s %12s %10s %10s\n", "codec", "n", "encode", "decode");
         header = true;
       }
       const double er = e ? (by_bytes ? e->bytes : e->items) / base_rate : 0;
       const double dr = d ? (by_bytes ? d->bytes : d->items) / base_rate : 0;
-      const bool targeted = n == (std::size_t{16} << 20) && std::string(c.name) != "none" &&
-                            std::string(c.name) != "topk";
-      std::fprintf(out, "  %-8s %12zu %9.0f%% %9.0f%%%s\n", c.name, n, 100 * er, 100 * dr,
-                   targeted ? (er >= target && dr >= target ? "  target met" : "  target MISSED") : "");
+      const bool targeted = n == (std::size_t{16} << 20) && c.targeted();
+      std::fprintf(out, "  %-12s %12zu %9.0f%% %9.0f%%%s\n", c.name.c_str(), n, 100 * er, 100 * dr,
+                   targeted ? (er >= enc_target && dr >= dec_target ? "  target met" : "  target MISSED") : "");
     }
   }
 }
 
 void summarize(std::FILE* out, const RecordingReporter& rep) {
   if (!rep.runs.empty()) std::fprintf(out, "\n# %s\n", machine_line().c_str());
-  summarize_family(out, rep, "encode", "decode", "copy", false, 0.40);
-  summarize_family(out, rep, "encode_cuda", "decode_cuda", "copy_cuda", true, 0.85);
+  summarize_family(out, rep, "encode", "decode", "copy", false, 0.40, 0.60);
+  summarize_family(out, rep, "encode_cuda", "decode_cuda", "copy_cuda", true, 0.85, 0.85);
   bool header = false;
   for (const auto& [name, rates] : rep.runs) {
     if (name.rfind("topk_select/", 0) != 0) continue;

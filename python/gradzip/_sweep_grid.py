@@ -1,7 +1,7 @@
 """The sweep's grid: codec spec grids, sizes, links, and the points they make.
 
-Pure Python (no compiled extension), so the grid can be expanded and tested
-anywhere. The spec-grid grammar is the one of ``gz::expand_spec_grid``
+The codec names come from the registry (_sweep_registry.py); the grid itself
+is expanded here, by the grammar of ``gz::expand_spec_grid``
 (compressors/spec.cc)::
 
     topk:density=0.1,0.01,onebit:block=256,1024
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-CODEC_NAMES = ("none", "fp16", "bf16", "onebit", "topk")
+from ._sweep_registry import codec_names
 
 #: A point's mode: a bare allreduce (gradzip-bench), torch's gloo allreduce
 #: (the outside baseline), or a training run (--train digits).
@@ -45,13 +45,14 @@ def expand_spec_grid(text: str | Sequence[str]) -> list[str]:
         for t in text:
             out += [s for s in expand_spec_grid(t) if s not in out]
         return out
+    names = codec_names()
     grids: list[tuple[str, list[tuple[str, list[str]]]]] = []
     for item in _items(text):
         colon, eq = item.find(":"), item.find("=")
-        if colon >= 0 or (eq < 0 and item in CODEC_NAMES):
+        if colon >= 0 or (eq < 0 and item in names):
             name = item[:colon].strip() if colon >= 0 else item
-            if name not in CODEC_NAMES:
-                raise GridError(f"spec grid '{text}': unknown codec '{name}'; valid: {', '.join(CODEC_NAMES)}")
+            if name not in names:
+                raise GridError(f"spec grid '{text}': unknown codec '{name}'; valid: {', '.join(names)}")
             grids.append((name, []))
             if colon < 0:
                 continue

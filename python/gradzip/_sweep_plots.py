@@ -18,8 +18,20 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-_FAMILY_COLORS = {"none": "black", "fp32": "black", "fp16": "tab:blue", "bf16": "tab:cyan", "onebit": "tab:red",
-                  "topk": "tab:green", "gloo": "gray"}
+from ._sweep_registry import codec_names
+
+_PALETTE = ("black", "tab:blue", "tab:cyan", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown",
+            "tab:pink", "tab:olive")
+
+
+def _family_color(family: str, fallback: str | None = None) -> str | None:
+    """A color per registered codec, by registry order (stable across plots); gray for gloo."""
+    if family == "gloo":
+        return "gray"
+    if family == "fp32":  # the uncompressed baseline of the training experiments
+        family = "none"
+    names = codec_names()
+    return _PALETTE[names.index(family) % len(_PALETTE)] if family in names else fallback
 
 
 def _pyplot() -> Any:
@@ -62,7 +74,7 @@ def speedup_vs_size(records: Sequence[dict[str, Any]], path: Path) -> Path | Non
             marker, style = _STYLES[seen.get(fam, 0) % len(_STYLES)]
             seen[fam] = seen.get(fam, 0) + 1
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, linestyle=style, label=label,
-                    color=_FAMILY_COLORS.get(fam))
+                    color=_family_color(fam))
         gloo = sorted((r["elements"], r["total_ms"]) for r in records
                       if r.get("mode") == "gloo" and (r["ranks"], r["link"]) == (p, link))
         base = {r["elements"]: r["baseline_ms"] for r in mine if r.get("baseline_ms")}
@@ -109,7 +121,7 @@ def error_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | None
         err = max(r["rel_error"], 1e-9)
         k = k + 1 if last_x and r["ratio"] < 1.4 * last_x else 0
         last_x = r["ratio"]
-        ax.scatter(r["ratio"], err, color=_FAMILY_COLORS.get(_family(label)), s=40)
+        ax.scatter(r["ratio"], err, color=_family_color(_family(label)), s=40)
         ax.annotate(label, (r["ratio"], err), fontsize=7, xytext=offsets[k % len(offsets)],
                     textcoords="offset points")
     ax.set_title(f"error vs compression ({ranks} ranks)")
@@ -136,7 +148,7 @@ def accuracy_vs_ratio(records: Sequence[dict[str, Any]], path: Path) -> Path | N
     for r in sorted(tr, key=lambda r: (r["ratio"], -r["accuracy"])):
         k = k + 1 if last_x and r["ratio"] < 1.4 * last_x else 0
         last_x = r["ratio"]
-        ax.scatter(r["ratio"], 100 * r["accuracy"], color=_FAMILY_COLORS.get(_family(r["codec"]), "tab:purple"),
+        ax.scatter(r["ratio"], 100 * r["accuracy"], color=_family_color(_family(r["codec"]), "tab:purple"),
                    s=40)
         ax.annotate(r.get("label", r["codec"]), (r["ratio"], 100 * r["accuracy"]), fontsize=7,
                     xytext=offsets[k % len(offsets)], textcoords="offset points")
@@ -169,7 +181,7 @@ def accuracy_vs_time(records: Sequence[dict[str, Any]], path: Path, target: floa
         pts = [(t, 100 * a) for t, a in r["curve"] if t > 0]
         ax.plot([t for t, _ in pts], [a for _, a in pts], linestyle=style, marker=marker, markersize=3,
                 markevery=max(1, len(pts) // 12), label=r.get("label", r["codec"]),
-                color=_FAMILY_COLORS.get(fam, "tab:purple"))
+                color=_family_color(fam, "tab:purple"))
     if target is not None:
         ax.axhline(100 * target, color="gray", linestyle="--", lw=0.8, label=f"target {100 * target:.2f}%")
     ax.set_xscale("log")

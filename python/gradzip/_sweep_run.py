@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,10 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ._sweep_grid import LOCAL, Point, fp32_link_bound_s, link_rate_bps
+from ._sweep_registry import REPO_ROOT, find_binary
 from ._sweep_results import Results
-
-#: The repository root when running from a checkout (python/gradzip/ -> ../..).
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class SweepError(RuntimeError):
@@ -53,20 +50,14 @@ class Tools:
 def find_tools(bin_dir: str | None, train_cmd: str | None = None) -> Tools:
     """gradzip-run and gradzip-bench from --bin-dir, $GRADZIP_BIN_DIR, ./build/bin,
     the checkout's build/bin, or PATH, in that order."""
-    candidates = [bin_dir, os.environ.get("GRADZIP_BIN_DIR"), "build/bin", str(REPO_ROOT / "build" / "bin")]
     found: dict[str, str] = {}
     for name in ("gradzip-run", "gradzip-bench"):
-        for d in candidates:
-            if d and os.access(os.path.join(d, name), os.X_OK):
-                found[name] = os.path.abspath(os.path.join(d, name))
-                break
-        else:
-            on_path = shutil.which(name)
-            if not on_path:
-                where = ", ".join(c for c in candidates if c)
-                raise SweepError(f"cannot find {name} (looked in {where} and PATH): build the project "
-                                 "(cmake --build build) or pass --bin-dir")
-            found[name] = on_path
+        path = find_binary(name, bin_dir)
+        if path is None:
+            raise SweepError(f"cannot find {name} (looked in --bin-dir, $GRADZIP_BIN_DIR, build/bin, "
+                             f"{REPO_ROOT / 'build' / 'bin'} and PATH): build the project (cmake --build build) "
+                             "or pass --bin-dir")
+        found[name] = path
     gloo = None
     for cand in (Path("bench/gloo_allreduce.py"), REPO_ROOT / "bench" / "gloo_allreduce.py"):
         if cand.exists():
@@ -91,21 +82,23 @@ class Timing:
     train_seeds: str = "0"
 
 
-def _wire_fraction(codec: str, ranks: int) -> float:
-    """Roughly what share of fp32's bytes a codec sends (for the estimate only)."""
-    name, _, params = codec.partition(":")
-    if name in ("fp16", "bf16"):
-        return 0.5
-    if name == "onebit":
-        return 0.04
-    if name == "topk":
-        kv = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
-        try:
-            density = float(kv.get("density", 0.01))
-        except ValueError:
-            density = 0.01
-        return min(1.0, ranks * density)  # allgather of (index, value) pairs
-    return 1.0
+def _wire_fraction(codec: str, ranks: int, algorithm: str, elements: int) -> float:
+    """Roughly what share of fp32's bytes a codec sends (for the estimate only):
+    its payload against 4 bytes per element, times P/2 when it is allgathered
+    (every rank receives P-1 payloads; fp32's ring moves 2(P-1)/P of the buffer).
+    Without the compiled extension (a checkout's own tests): 1, the longest deadline."""
+    try:
+        from ._core import Codec, InvalidArgument
+    except ImportError:
+        return 1.0
+    try:
+        c = Codec(codec)
+    except InvalidArgument:
+        return 1.0
+    n = max(elements, 1 << 20)
+    share = c.max_payload_bytes(n) / (4 * n)
+    allgather = algorithm == "allgather" or (algorithm == "auto" and c.prefers_allgather(ranks))
+    return min(1.0, share * ranks / 2) if allgather else share
 
 
 def predicted_seconds(point: Point, timing: Timing) -> float:
@@ -123,7 +116,7 @@ def predicted_seconds(point: Point, timing: Timing) -> float:
     if point.codec in ("none", "gloo"):
         per_call = bound + cpu
     else:
-        per_call = bound * _wire_fraction(point.codec, point.ranks) + 2 * cpu
+        per_call = bound * _wire_fraction(point.codec, point.ranks, point.algorithm, point.elements) + 2 * cpu
     check = 5e-9 * point.elements * point.ranks if point.mode == "allreduce" else 0.0  # the bench's error check
     return 3.0 + calls * per_call + check
 

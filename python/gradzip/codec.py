@@ -22,17 +22,20 @@ class ErrorFeedback:
     Created empty; the first :meth:`Codec.encode` allocates the residual as
     zeros next to the gradient (same framework, same device) and binds the
     state to that codec spec and element count. Use one state per buffer.
+    It also counts the encodes (:attr:`step`), which key the random draws of
+    codecs that make any (qsgd's stochastic rounding).
     :meth:`state_dict` / :meth:`load_state_dict` carry it through a
     checkpoint, and a restored state continues bit-identically.
     """
 
-    __slots__ = ("_residual", "_spec", "_n", "_pending")
+    __slots__ = ("_residual", "_spec", "_n", "_pending", "_step")
 
     def __init__(self) -> None:
         self._residual: Any = None
         self._spec: Optional[str] = None
         self._n = 0
         self._pending = False  # restored, not yet placed next to a gradient
+        self._step = 0
 
     @property
     def residual(self) -> Any:
@@ -49,21 +52,28 @@ class ErrorFeedback:
         """The canonical spec of the codec the state is bound to."""
         return self._spec
 
+    @property
+    def step(self) -> int:
+        """Encodes done with this state: the step the next encode draws its random numbers for."""
+        return self._step
+
     def reset(self) -> None:
         """Forgets the residual: the next encode starts from zeros, for any codec and size."""
         self._residual = None
         self._spec = None
         self._n = 0
         self._pending = False
+        self._step = 0
 
     def state_dict(self) -> Dict[str, Any]:
-        """A copy of the state: ``{"version", "codec", "n", "residual"}`` (residual in
-        the framework and on the device it lives on; None when unbound)."""
+        """A copy of the state: ``{"version", "codec", "n", "residual", "step"}`` (residual
+        in the framework and on the device it lives on; None when unbound)."""
         return {
             "version": _STATE_VERSION,
             "codec": self._spec,
             "n": self._n,
             "residual": None if self._residual is None else _arrays.copy_of(self._residual),
+            "step": self._step,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -73,10 +83,12 @@ class ErrorFeedback:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise InvalidArgument(
                 f"not an ErrorFeedback state_dict (version {_STATE_VERSION}): {type(state).__name__}")
-        spec, n, residual = state.get("codec"), state.get("n"), state.get("residual")
+        spec, n, residual, step = state.get("codec"), state.get("n"), state.get("residual"), state.get("step", 0)
         if spec is None:
             self.reset()
             return
+        if not isinstance(step, int) or step < 0:
+            raise InvalidArgument(f"ErrorFeedback state_dict has an invalid step {step!r}")
         if not isinstance(n, int) or residual is None or _arrays.numel(residual) != n:
             raise InvalidArgument("ErrorFeedback state_dict is inconsistent: 'n' does not match the residual")
         if not isinstance(spec, str):
@@ -97,7 +109,7 @@ class ErrorFeedback:
         else:
             self._residual = _arrays.copy_of(residual).reshape(-1)
             self._pending = True
-        self._spec, self._n = spec, n
+        self._spec, self._n, self._step = spec, n, step
 
     def _residual_for(self, spec: str, grad: Any, n: int) -> Any:
         if not self.bound:
@@ -142,21 +154,48 @@ class Codec(_CoreCodec):
         total = np.zeros_like(grad)
         codec.decode_accumulate(payload, total)   # total += decoded
 
-    Spec strings: ``none``, ``fp16``, ``bf16``, ``onebit[:block=B]``,
-    ``topk[:density=D|k=K][,select=exact|sample]``, each with ``ef=on|off``.
+    Spec strings: ``name[:key=value,...]``; :func:`gradzip.codec_info` lists the
+    codecs and their keys (README.md, "Codecs", explains them). Every codec
+    takes ``ef=on|off``.
     A Codec is not meant for concurrent calls from several threads (they are
     serialised by a lock).
+
+    Scratch memory: the C++ codec takes a workspace on every call and never
+    allocates (CUB's two phases); this wrapper keeps one per codec, per host and
+    per (CUDA device, stream), grown when a larger call needs more. Calls on one
+    stream are ordered, so reusing that stream's workspace is safe.
     """
 
-    def encode(self, grad: Any, state: Optional[ErrorFeedback] = None, *, out: Any = None) -> Any:
+    def __init__(self, spec: str) -> None:
+        super().__init__(spec)
+        self._workspaces: Dict[Any, Any] = {}
+
+    def _workspace(self, like: Any, n: int, stream: int, torch: Any) -> Any:
+        """The cached workspace for a call on n elements beside `like` (None when none is needed)."""
+        need = self.workspace_bytes(n, "cpu" if torch is None else "cuda")
+        if need == 0:
+            return None
+        key = "cpu" if torch is None else (str(like.device), stream)
+        ws = self._workspaces.get(key)
+        if ws is None or _arrays.numel(ws) < need:
+            ws = np.empty(need, dtype=np.uint8) if torch is None else torch.empty(need, dtype=torch.uint8,
+                                                                                    device=like.device)
+            self._workspaces[key] = ws
+        return ws
+
+    def encode(self, grad: Any, state: Optional[ErrorFeedback] = None, *, out: Any = None,
+               step: Optional[int] = None) -> Any:
         """Compresses grad into a new payload (or into ``out``) and returns it.
 
         Args:
             grad: float32, contiguous; numpy array or torch tensor, CPU or CUDA.
             state: the buffer's :class:`ErrorFeedback` (required when the codec has
-                error feedback; ignored otherwise). Its residual is updated in place.
+                error feedback; ignored otherwise). Its residual is updated in place
+                and its step advances by one.
             out: optional uint8 buffer of at least ``max_payload_bytes(n)`` bytes on
                 grad's device, reused instead of allocating.
+            step: the step that keys random draws (qsgd's stochastic rounding);
+                default: the state's :attr:`ErrorFeedback.step` (0 without a state).
 
         Returns:
             The payload: a uint8 view of exactly the encoded bytes, in grad's
@@ -179,12 +218,12 @@ class Codec(_CoreCodec):
             payload = _arrays.as_input(out, "out")
             _arrays.check_writable(payload, "out")
         with _arrays.cuda_call(grad) as (stream, torch):
-            workspace = None
-            if torch is not None:
-                ws_bytes = self.workspace_bytes(n, "cuda")
-                if ws_bytes:
-                    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=grad.device)
-            nbytes = self.encode_into(grad, residual, payload, stream=stream, workspace=workspace)
+            workspace = self._workspace(grad, n, stream, torch)
+            if step is None:
+                step = state._step if isinstance(state, ErrorFeedback) else 0
+            nbytes = self.encode_into(grad, residual, payload, stream=stream, workspace=workspace, step=step)
+        if isinstance(state, ErrorFeedback):
+            state._step += 1
         return payload.reshape(-1)[:nbytes]
 
     def decode_accumulate(self, payload: Any, out: Any) -> None:
@@ -197,11 +236,7 @@ class Codec(_CoreCodec):
         out = _arrays.as_input(out, "out")
         _arrays.check_writable(out, "out")
         with _arrays.cuda_call(out) as (stream, torch):
-            workspace = None
-            if torch is not None:
-                ws_bytes = self.workspace_bytes(_arrays.numel(out), "cuda")
-                if ws_bytes:
-                    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=out.device)
+            workspace = self._workspace(out, _arrays.numel(out), stream, torch)
             self.decode_accumulate_into(payload, out, stream=stream, workspace=workspace)
 
     def decode(self, payload: Any, n: Optional[int] = None, *, max_n: Optional[int] = None) -> Any:

@@ -24,12 +24,13 @@ from typing import Any, Sequence
 
 from ._sweep_grid import Grid, GridError, make_grid
 from ._sweep_plots import plot_all
+from ._sweep_registry import default_codecs
 from ._sweep_results import Results
 from ._sweep_run import SweepError, Timing, find_tools, run_points
 from ._sweep_table import report
 
 DEFAULTS: dict[str, Any] = {
-    "codecs": "none,fp16,bf16,onebit,topk:density=0.01",
+    "codecs": None,  # every codec's first benchmark spec (_sweep_registry.default_codecs)
     "algorithms": ["auto"],
     "sizes": ["1M", "4M", "16M"],
     "ranks": [4],
@@ -84,7 +85,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--config", help="TOML file with these settings (keys as the flags, '-' -> '_'); "
                                      "flags given here win")
     ap.add_argument("--codecs", help="spec grid, e.g. 'topk:density=0.1,0.01,onebit:block=256,1024' "
-                                     f"(default {DEFAULTS['codecs']})")
+                                     "(default: every codec's first benchmark spec, as gradzip-bench's default)")
     ap.add_argument("--algorithms", help="auto, allgather, scatter_reduce (comma-separated; default auto)")
     ap.add_argument("--sizes", help="element counts: 1048576, 16M (K/M/G = 1024^k), 25.6e6 (default 1M,4M,16M)")
     ap.add_argument("--ranks", help="rank counts (default 4)")
@@ -125,6 +126,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         v = getattr(args, k, None)
         if v is not None:
             s[k] = v
+    if s["codecs"] is None:
+        s["codecs"] = default_codecs()
     for k in _LISTS:
         s[k] = _split(s[k])
     s["compute_ms"] = [float(c) for c in s["compute_ms"]]

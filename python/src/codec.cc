@@ -60,7 +60,7 @@ gz::ExecContext make_context(const Span& data, const char* name, std::uintptr_t 
 }
 
 std::size_t encode_into(CodecHandle& self, const InArray& grad, const OutArray& residual, const OutArray& payload,
-                        std::uintptr_t stream, const OutArray& workspace) {
+                        std::uintptr_t stream, const OutArray& workspace, std::uint64_t step) {
   gz::Codec& codec = self.codec();
   const Span g = check_array(grad, Elem::F32, "grad");
   const Span p = check_array(payload, Elem::U8, "payload");
@@ -80,7 +80,8 @@ std::size_t encode_into(CodecHandle& self, const InArray& grad, const OutArray& 
     check_disjoint(g, g.count * 4, "grad", r, r.count * 4, "residual");
     check_disjoint(r, r.count * 4, "residual", p, p.count, "payload");
   }
-  const gz::ExecContext ctx = make_context(g, "grad", stream, workspace);
+  gz::ExecContext ctx = make_context(g, "grad", stream, workspace);
+  ctx.step = step;
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(self.mutex());
   return codec.encode(static_cast<const float*>(g.data), static_cast<float*>(r.data), g.count,
@@ -111,17 +112,19 @@ void bind_codec(nb::module_& m) {
            "Builds the codec a spec string names, e.g. 'onebit:block=512' or 'topk:density=0.01,ef=off'.\n"
            "Raises InvalidArgument naming the valid codecs or keys.")
       .def_prop_ro("spec", [](const CodecHandle& c) { return c.codec().spec(); }, "The canonical spec string.")
-      .def_prop_ro("name", [](const CodecHandle& c) { return std::string(gz::codec_name(c.codec().id())); },
-                   "The codec's name: none, fp16, bf16, onebit or topk.")
+      .def_prop_ro("name", [](const CodecHandle& c) { return std::string(c.codec().descriptor().name); },
+                   "The codec's name (one of gradzip.codec_names()).")
       .def_prop_ro("error_feedback", [](const CodecHandle& c) { return c.codec().error_feedback(); },
                    "Whether encode keeps a residual (error feedback). Always False for none.")
-      .def_prop_ro("fixed_size",
-                   [](const CodecHandle& c) {
-                     const auto& cfg = c.codec().config();
-                     return !(cfg.id == gz::CodecId::TopK && cfg.select == gz::TopkSelect::Sample);
-                   },
+      .def_prop_ro("fixed_size", [](const CodecHandle& c) { return c.codec().fixed_size(); },
                    "True when every payload of n elements has exactly max_payload_bytes(n) bytes\n"
-                   "(all codecs but topk with select=sample, whose size varies per call).")
+                   "(the codec's descriptor says; topk with select=sample varies per call).")
+      .def_prop_ro("error_bound", [](const CodecHandle& c) { return gz::error_bound(c.codec().config()); },
+                   "The documented bound on the relative error of one compressed allreduce with this codec.")
+      .def("prefers_allgather", [](const CodecHandle& c, int ranks) {
+             return gz::prefers_allgather(c.codec().descriptor(), ranks);
+           },
+           nb::arg("ranks"), "Whether the allreduce's automatic choice on this many ranks is allgather.")
       .def("max_payload_bytes",
            [](const CodecHandle& c, std::size_t n) { return c.codec().max_payload_bytes(checked_count(n)); },
            nb::arg("n"), "Payload bytes (header included) for n elements: exact, or the upper bound when not fixed_size.")
@@ -130,18 +133,21 @@ void bind_codec(nb::module_& m) {
              return c.codec().workspace_bytes(checked_count(n), parse_device(device));
            },
            nb::arg("n"), nb::arg("device") = "cpu",
-           "Scratch bytes an encode or decode of n elements needs on device ('cpu' or 'cuda').")
+           "Scratch bytes an encode or decode of n elements needs on device ('cpu' or 'cuda');\n"
+           "encode_into / decode_accumulate_into need a workspace of that many bytes when it is not 0.")
       .def("encode_into", &encode_into, nb::arg("grad").noconvert(), nb::arg("residual").noconvert().none(),
            nb::arg("payload").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
-           nb::arg("workspace").noconvert().none() = nb::none(),
+           nb::arg("workspace").noconvert().none() = nb::none(), nb::arg("step") = 0,
            nb::sig("def encode_into(self, grad: object, residual: object | None, payload: object, *, "
-                   "stream: int = 0, workspace: object | None = None) -> int"),
+                   "stream: int = 0, workspace: object | None = None, step: int = 0) -> int"),
            "Encodes grad (float32, contiguous) into payload (uint8, at least max_payload_bytes(n) bytes),\n"
            "updating residual in place (error feedback: v = grad + residual; payload = Q(v);\n"
            "residual = v - D(payload)). Returns the payload's size in bytes.\n\n"
-           "All arrays must be on one device. For CUDA arrays, stream is the cudaStream_t (an int; 0 is\n"
-           "the legacy default stream) and workspace must hold workspace_bytes(n, 'cuda') bytes; the call\n"
-           "is queued on that stream. The GIL is released while it runs.")
+           "All arrays must be on one device, workspace (uint8) included, which must hold\n"
+           "workspace_bytes(n, device) bytes (it may be None when that is 0). step keys the random draws of\n"
+           "codecs that make any (qsgd's stochastic rounding): same step, same bits. For CUDA arrays, stream is\n"
+           "the cudaStream_t (an int; 0 is the legacy default stream); the call is queued on that stream.\n"
+           "The GIL is released while it runs.")
       .def("decode_accumulate_into", &decode_accumulate_into, nb::arg("payload").noconvert(),
            nb::arg("out").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
            nb::arg("workspace").noconvert().none() = nb::none(),

@@ -11,6 +11,7 @@
 #include "bindings.h"
 #include "common/checksum.h"
 #include "common/error.h"
+#include "compressors/descriptor.h"
 #include "compressors/spec.h"
 #include "compressors/wire_format.h"
 
@@ -101,6 +102,42 @@ nb::dict payload_info(const InArray& payload) {
   return d;
 }
 
+// The registry as Python data, for the sweep and for help texts.
+nb::list codec_info() {
+  nb::list out;
+  for (const gz::CodecDescriptor* c : gz::all_codecs()) {
+    nb::dict d;
+    d["name"] = std::string(c->name);
+    d["id"] = static_cast<int>(c->id);
+    d["summary"] = std::string(c->summary);
+    nb::list keys;
+    for (const gz::CodecKey& k : c->keys) {
+      nb::dict kd;
+      kd["name"] = std::string(k.name);
+      nb::list choices;
+      for (std::string_view ch : k.choices) choices.append(std::string(ch));
+      using Kind = gz::CodecKey::Kind;
+      kd["kind"] = k.kind == Kind::Integer ? "integer" : k.kind == Kind::Real ? "real" : "choice";
+      if (k.kind == Kind::Choice)
+        kd["default"] = std::string(k.choices[static_cast<std::size_t>(k.fallback)]);
+      else
+        kd["default"] = k.fallback;
+      kd["range"] = std::string(k.range);
+      kd["choices"] = choices;
+      keys.append(kd);
+    }
+    d["keys"] = keys;
+    d["lossless"] = c->lossless;
+    d["sparse"] = c->hint.sparse;
+    d["allgather_up_to_ranks"] = c->hint.allgather_up_to_ranks;
+    nb::list bench;
+    for (const gz::BenchSpec& b : c->bench_specs) bench.append(nb::make_tuple(std::string(b.label), std::string(b.spec)));
+    d["bench_specs"] = bench;
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace gzpy
 
@@ -136,16 +173,13 @@ NB_MODULE(_core, m) {
 
   m.def("codec_names", [] {
         std::vector<std::string> names;
-        std::string_view all = gz::codec_names();
-        while (!all.empty()) {
-          const auto comma = all.find(',');
-          names.emplace_back(all.substr(0, comma));
-          all = comma == std::string_view::npos ? std::string_view{} : all.substr(comma + 1);
-          while (!all.empty() && all.front() == ' ') all.remove_prefix(1);
-        }
+        for (const gz::CodecDescriptor* d : gz::all_codecs()) names.emplace_back(d->name);
         return names;
       },
-      "Names of the codecs this build knows.");
+      "Names of the codecs this build knows, in wire id order.");
+  m.def("codec_info", &gzpy::codec_info,
+        "Every codec's descriptor as a list of dicts: name, id, summary, keys (name, kind, default,\n"
+        "choices), lossless, sparse, allgather_up_to_ranks, bench_specs (label, spec).");
   m.def("canonical_spec", [](std::string_view spec) { return gz::parse_spec(spec).canonical(); }, nb::arg("spec"),
         "Parses a codec spec string ('name[:key=value,...]') and returns its canonical form.\n\n"
         "Raises InvalidArgument naming the valid codecs or keys.");

@@ -227,5 +227,23 @@ TEST(Bf16, CodecKeepsOverflowInResidual) {
   EXPECT_EQ(r[2], 0.0f);
 }
 
+// 4 bytes per element for none, 2 for the casts, after the 32-byte header.
+TEST(Cast, PayloadSizeFormula) {
+  for (std::size_t n : {0u, 1u, 31u, 100000u}) {
+    EXPECT_EQ(test::payload_bytes(*make_codec("none"), n), 32 + 4 * n);
+    EXPECT_EQ(test::payload_bytes(*make_codec("fp16"), n), 32 + 2 * n);
+    EXPECT_EQ(test::payload_bytes(*make_codec("bf16:ef=off"), n), 32 + 2 * n);
+  }
+}
+
+// Without error feedback the casts still track the sum: one rounding per step
+// of values near 1, far below what onebit and topk lose.
+TEST(Cast, DriftStaysSmallEvenWithoutFeedback) {
+  for (const char* spec : {"fp16:ef=off", "bf16:ef=off"}) {
+    auto codec = make_codec(spec);
+    EXPECT_LT(test::drift_over_steps(*codec).worst, 6.0) << spec;
+  }
+}
+
 }  // namespace
 }  // namespace gz

@@ -140,5 +140,26 @@ TEST(Onebit, DenormalsAreAveragedExactly) {
   EXPECT_EQ(d[0], 2 * L::denorm_min());
 }
 
+// ceil(n/B) scale pairs and ceil(n/32) sign words after the 32-byte header.
+TEST(Onebit, PayloadSizeFormula) {
+  for (std::size_t block : {1u, 100u, 512u})
+    for (std::size_t n : {0u, 1u, 31u, 32u, 33u, 511u, 513u, 100000u}) {
+      auto codec = make_codec("onebit:block=" + std::to_string(block));
+      const std::size_t want = 32 + 8 * ((n + block - 1) / block) + 4 * ((n + 31) / 32);
+      EXPECT_EQ(test::payload_bytes(*codec, n), want) << "block " << block << " n " << n;
+      EXPECT_EQ(codec->max_payload_bytes(n), want);
+    }
+}
+
+// With error feedback the drift stays small (the residual); without it the
+// bias that the block means round away keeps adding up.
+TEST(Onebit, ErrorFeedbackKeepsTheBiasThatItLosesWithout) {
+  auto with = make_codec("onebit:block=512"), without = make_codec("onebit:block=512,ef=off");
+  EXPECT_LT(test::drift_over_steps(*with).worst, 12.0);
+  const test::Drift d = test::drift_over_steps(*without);
+  EXPECT_GT(d.worst, 1.5 * d.at_half);
+  EXPECT_GT(d.worst, 6.0);
+}
+
 }  // namespace
 }  // namespace gz

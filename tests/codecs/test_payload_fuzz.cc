@@ -14,11 +14,9 @@ namespace gz {
 namespace {
 
 TEST(PayloadFuzz, RandomAndMutatedPayloadsNeverCrash) {
-  const std::vector<const char*> specs = {"none", "fp16", "bf16", "onebit:block=8", "onebit:block=512",
-                                          "topk:k=5", "topk:density=0.2,select=sample"};
   std::mt19937_64 rng(20261123);
   std::size_t accepted = 0, rejected = 0;
-  for (const char* spec : specs) {
+  for (const std::string& spec : test::all_specs()) {
     auto codec = make_codec(spec);
     for (int iter = 0; iter < 600; ++iter) {
       const std::size_t n = rng() % 300;
@@ -50,7 +48,7 @@ TEST(PayloadFuzz, RandomAndMutatedPayloadsNeverCrash) {
       }
       std::vector<float> out(n, 7.0f);
       try {
-        codec->decode_accumulate(e.data(), size, out.data(), n);
+        test::decode_into(*codec, e.data(), size, out.data(), n);
         ++accepted;
       } catch (const PayloadError&) {
         ++rejected;

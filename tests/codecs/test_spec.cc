@@ -1,19 +1,15 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "compressors/codec.h"
+#include "compressors/descriptor.h"
 #include "compressors/spec.h"
+#include "test_util.h"
 
 namespace gz {
 namespace {
 
-std::string error_of(std::string_view spec) {
-  try {
-    parse_spec(spec);
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_of(std::string_view spec) { return test::spec_error(spec); }
 
 TEST(Spec, ParsesEveryCodecWithDefaults) {
   EXPECT_EQ(parse_spec("none").id, CodecId::None);
@@ -23,21 +19,22 @@ TEST(Spec, ParsesEveryCodecWithDefaults) {
   EXPECT_EQ(parse_spec("bf16").id, CodecId::Bf16);
   const CodecConfig ob = parse_spec("onebit");
   EXPECT_EQ(ob.id, CodecId::OneBit);
-  EXPECT_EQ(ob.block, 512u);
+  EXPECT_EQ(ob.value("block"), 512);
   const CodecConfig tk = parse_spec("topk");
   EXPECT_EQ(tk.id, CodecId::TopK);
-  EXPECT_DOUBLE_EQ(tk.density, 0.01);
-  EXPECT_EQ(tk.k, 0u);
-  EXPECT_EQ(tk.select, TopkSelect::Exact);
+  EXPECT_DOUBLE_EQ(tk.value("density"), 0.01);
+  EXPECT_EQ(tk.value("k"), 0);
+  EXPECT_EQ(tk.value("select"), 0);  // exact
+  EXPECT_THROW((void)tk.value("block"), InvalidArgument);
 }
 
 TEST(Spec, ParsesKeys) {
   const CodecConfig c = parse_spec(" topk : density=0.25, select=sample ,ef=off ");
-  EXPECT_DOUBLE_EQ(c.density, 0.25);
-  EXPECT_EQ(c.select, TopkSelect::Sample);
+  EXPECT_DOUBLE_EQ(c.value("density"), 0.25);
+  EXPECT_EQ(c.value("select"), 1);  // sample
   EXPECT_FALSE(c.ef);
-  EXPECT_EQ(parse_spec("topk:k=100").k, 100u);
-  EXPECT_EQ(parse_spec("onebit:block=1").block, 1u);
+  EXPECT_EQ(parse_spec("topk:k=100").value("k"), 100);
+  EXPECT_EQ(parse_spec("onebit:block=1").value("block"), 1);
   EXPECT_FALSE(parse_spec("fp16:ef=false").ef);
 }
 
@@ -72,7 +69,7 @@ TEST(Spec, RejectsOutOfRangeValues) {
   EXPECT_NE(error_of("topk:density=-0.1").find("density must be"), std::string::npos);
   EXPECT_NE(error_of("topk:density=nan").find("density must be"), std::string::npos);
   EXPECT_NE(error_of("onebit:block=0").find("block must be"), std::string::npos);
-  EXPECT_NE(error_of("topk:k=0").find("k must be >= 1"), std::string::npos);
+  EXPECT_NE(error_of("topk:k=0").find("k must be in [1, 2^40]"), std::string::npos);
   EXPECT_NE(error_of("topk:density=abc").find("not a valid number"), std::string::npos);
   EXPECT_NE(error_of("onebit:block=12x").find("not a valid number"), std::string::npos);
   EXPECT_NE(error_of("topk:select=fast").find("exact or sample"), std::string::npos);
@@ -89,14 +86,58 @@ TEST(Spec, RejectsMalformedSyntax) {
 }
 
 TEST(Spec, TopkKFromDensity) {
-  EXPECT_EQ(parse_spec("topk:density=0.01").topk_k(100), 1u);  // not 2: 0.01*100 is 1.0000000000000002
-  EXPECT_EQ(parse_spec("topk:density=0.01").topk_k(101), 2u);
-  EXPECT_EQ(parse_spec("topk:density=0.01").topk_k(1), 1u);
-  EXPECT_EQ(parse_spec("topk:density=0.01").topk_k(0), 0u);
-  EXPECT_EQ(parse_spec("topk:density=1").topk_k(77), 77u);
-  EXPECT_EQ(parse_spec("topk:k=10").topk_k(4), 4u);  // clamped to n
-  EXPECT_EQ(parse_spec("topk:density=0.001").topk_k(16u << 20), 16778u);
-  EXPECT_EQ(parse_spec("fp16").topk_k(100), 0u);
+  auto k = [](const char* spec, std::size_t n) { return make_codec(spec)->header_param(n); };
+  EXPECT_EQ(k("topk:density=0.01", 100), 1u);  // not 2: 0.01*100 is 1.0000000000000002
+  EXPECT_EQ(k("topk:density=0.01", 101), 2u);
+  EXPECT_EQ(k("topk:density=0.01", 1), 1u);
+  EXPECT_EQ(k("topk:density=0.01", 0), 0u);
+  EXPECT_EQ(k("topk:density=1", 77), 77u);
+  EXPECT_EQ(k("topk:k=10", 4), 4u);  // clamped to n
+  EXPECT_EQ(k("topk:density=0.001", 16u << 20), 16778u);
+  EXPECT_EQ(k("fp16", 100), 0u);
+}
+
+// Every codec's descriptor is usable by the layers that iterate the registry.
+TEST(Registry, EveryDescriptorIsComplete) {
+  std::uint16_t last = 0;
+  for (const CodecDescriptor* d : all_codecs()) {
+    SCOPED_TRACE(std::string(d->name));
+    EXPECT_GT(static_cast<std::uint16_t>(d->id), last) << "registry lines must stay in wire id order";
+    last = static_cast<std::uint16_t>(d->id);
+    EXPECT_EQ(find_codec(d->name), d);
+    EXPECT_EQ(find_codec(d->id), d);
+    EXPECT_EQ(d->name.data()[d->name.size()], '\0');
+    EXPECT_FALSE(d->summary.empty());
+    ASSERT_NE(d->make, nullptr);
+    ASSERT_NE(d->error_bound, nullptr);
+    ASSERT_NE(d->describe_param, nullptr);
+    EXPECT_LE(d->keys.size(), kMaxCodecKeys);
+    ASSERT_FALSE(d->test_specs.empty());
+    ASSERT_FALSE(d->bench_specs.empty());
+    // The bare name parses, every test spec round-trips and makes its codec.
+    const CodecConfig plain = parse_spec(d->name);
+    EXPECT_EQ(parse_spec(plain.canonical()), plain);
+    for (std::string_view s : d->test_specs) {
+      const CodecConfig c = parse_spec(s);
+      EXPECT_EQ(c.id, d->id) << s;
+      EXPECT_EQ(parse_spec(c.canonical()), c) << s;
+      EXPECT_GT(error_bound(c), 0.0) << s;
+      EXPECT_EQ(make_codec(c)->id(), d->id);
+    }
+    for (const BenchSpec& b : d->bench_specs) EXPECT_EQ(parse_spec(b.spec).id, d->id) << b.spec;
+  }
+  EXPECT_EQ(last, kLastCodecId);
+}
+
+TEST(Registry, AlgorithmHints) {
+  for (const CodecDescriptor* d : all_codecs()) {
+    EXPECT_TRUE(prefers_allgather(*d, 1));
+    EXPECT_TRUE(prefers_allgather(*d, 2));
+    EXPECT_EQ(prefers_allgather(*d, 3), d->hint.allgather_up_to_ranks >= 3) << d->name;
+  }
+  EXPECT_TRUE(prefers_allgather(*find_codec("topk"), 16));
+  EXPECT_FALSE(prefers_allgather(*find_codec("topk"), 17));
+  EXPECT_FALSE(prefers_allgather(*find_codec("fp16"), 3));
 }
 
 TEST(Spec, SplitsSpecLists) {

@@ -305,5 +305,30 @@ TEST(TopkCodec, PayloadCarriesKEntries) {
   for (auto i : want) EXPECT_EQ(d[i], g[i]);
 }
 
+// K (u32 index, f32 value) pairs after the 32-byte header; sampled: at most
+// topk_sampled_max(K) of them, a multiple of 8 bytes.
+TEST(TopkCodec, PayloadSizeFormula) {
+  for (std::size_t n : {0u, 1u, 31u, 32u, 33u, 511u, 513u, 100000u}) {
+    auto exact = make_codec("topk:density=0.01"), fixed = make_codec("topk:k=7");
+    const std::size_t k = kernels::topk_k_for_density(n, 0.01);
+    EXPECT_EQ(test::payload_bytes(*exact, n), 32 + 8 * k) << n;
+    EXPECT_EQ(test::payload_bytes(*fixed, n), 32 + 8 * std::min<std::size_t>(7, n)) << n;
+    auto sampled = make_codec("topk:density=0.3,select=sample");
+    const std::size_t bytes = test::payload_bytes(*sampled, n);
+    EXPECT_EQ((bytes - 32) % 8, 0u);
+    EXPECT_LE(bytes, 32 + 8 * std::min(n, kernels::cpu::topk_sampled_max(kernels::topk_k_for_density(n, 0.3))));
+    EXPECT_FALSE(sampled->fixed_size());
+    EXPECT_TRUE(exact->fixed_size());
+  }
+}
+
+TEST(TopkCodec, ErrorFeedbackKeepsTheBiasThatItLosesWithout) {
+  auto with = make_codec("topk:density=0.01"), without = make_codec("topk:density=0.05,ef=off");
+  EXPECT_LT(test::drift_over_steps(*with).worst, 40.0);
+  const test::Drift d = test::drift_over_steps(*without);
+  EXPECT_GT(d.worst, 1.5 * d.at_half);
+  EXPECT_GT(d.worst, 6.0);
+}
+
 }  // namespace
 }  // namespace gz

@@ -36,17 +36,7 @@ wire::Header header_of(const Encoded& e) {
 
 void set_header(Encoded& e, const wire::Header& h) { wire::write_header(h, e.data()); }
 
-// Decodes and expects a PayloadError mentioning `what`; out must stay untouched.
-void expect_rejected(Codec& codec, const Encoded& e, std::size_t bytes, std::size_t n, const std::string& what) {
-  std::vector<float> out(n, 42.0f);
-  try {
-    codec.decode_accumulate(e.data(), bytes, out.data(), n);
-    ADD_FAILURE() << "payload accepted, expected an error mentioning '" << what << "'";
-  } catch (const PayloadError& err) {
-    EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
-  }
-  for (float x : out) ASSERT_EQ(x, 42.0f) << "output modified by a rejected payload";
-}
+using test::expect_rejected;
 
 TEST(WireFormat, HeaderIs32LittleEndianBytes) {
   Fixture f = make("fp16", 10);
@@ -93,7 +83,7 @@ TEST(WireFormat, RejectsOtherVersion) {
 }
 
 TEST(WireFormat, RejectsUnknownCodecId) {
-  for (std::uint16_t id : {0, 6, 0xFFFF}) {
+  for (std::uint16_t id : {0, kLastCodecId + 1, 0xFFFF}) {
     Fixture f = make("fp16", 16);
     wire::Header h = header_of(f.payload);
     h.codec = static_cast<CodecId>(id);

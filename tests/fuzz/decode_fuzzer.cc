@@ -14,19 +14,13 @@
 #include "common/error.h"
 #include "compressors/codec.h"
 #include "compressors/wire_format.h"
-
-namespace {
-
-const char* const kSpecs[] = {"none", "fp16", "bf16", "onebit:block=8", "onebit:block=512", "topk:k=5",
-                              "topk:density=0.2,select=sample"};
-
-}  // namespace
+#include "fuzz_specs.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1) return 0;
   static std::vector<std::unique_ptr<gz::Codec>> codecs = [] {
     std::vector<std::unique_ptr<gz::Codec>> v;
-    for (const char* s : kSpecs) v.push_back(gz::make_codec(s));
+    for (const std::string& s : gz::fuzz::specs()) v.push_back(gz::make_codec(s));
     return v;
   }();
   gz::Codec& codec = *codecs[data[0] % codecs.size()];
@@ -38,8 +32,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (bytes >= gz::wire::kHeaderBytes) std::memcpy(&n, data + 1 + 16, sizeof n);
   if (n > (1u << 16)) n = 1u << 16;
   std::vector<float> out(n, 3.0f);
+  std::vector<std::byte> ws(codec.workspace_bytes(n, gz::Device::Cpu));
   try {
-    codec.decode_accumulate(reinterpret_cast<const std::byte*>(buf.get()), bytes, out.data(), n);
+    codec.decode_accumulate(reinterpret_cast<const std::byte*>(buf.get()), bytes, out.data(), n,
+                            {gz::Device::Cpu, nullptr, ws.data(), ws.size()});
   } catch (const gz::InvalidArgument&) {  // PayloadError derives from it
     for (float x : out)
       if (x != 3.0f) std::abort();  // a rejected payload must not touch the output

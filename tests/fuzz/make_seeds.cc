@@ -6,25 +6,26 @@
 #include <vector>
 
 #include "compressors/codec.h"
+#include "fuzz_specs.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s OUTPUT_DIR\n", argv[0]);
     return 2;
   }
-  const char* specs[] = {"none", "fp16", "bf16", "onebit:block=8", "onebit:block=512", "topk:k=5",
-                         "topk:density=0.2,select=sample"};
+  const auto& specs = gz::fuzz::specs();
   std::mt19937 rng(1);
   std::normal_distribution<float> d;
   int files = 0;
-  for (unsigned c = 0; c < sizeof specs / sizeof *specs; ++c) {
+  for (unsigned c = 0; c < specs.size(); ++c) {
     auto codec = gz::make_codec(specs[c]);
     for (std::size_t n : {0u, 1u, 7u, 33u, 100u, 600u}) {
       std::vector<float> g(n), r(n, 0.0f);
       for (auto& x : g) x = d(rng);
       std::vector<std::uint64_t> p(codec->max_payload_bytes(n) / 8 + 1);
-      const std::size_t bytes =
-          codec->encode(g.data(), r.data(), n, reinterpret_cast<std::byte*>(p.data()), p.size() * 8);
+      std::vector<std::byte> ws(codec->workspace_bytes(n, gz::Device::Cpu));
+      const std::size_t bytes = codec->encode(g.data(), r.data(), n, reinterpret_cast<std::byte*>(p.data()),
+                                              p.size() * 8, {gz::Device::Cpu, nullptr, ws.data(), ws.size()});
       const std::string path = std::string(argv[1]) + "/seed_" + std::to_string(c) + "_" + std::to_string(n);
       std::FILE* f = std::fopen(path.c_str(), "wb");
       if (!f) return 1;

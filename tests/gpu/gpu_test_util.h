@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/cuda_check.h"
+#include "compressors/codec.h"
 #include "kernels/cuda.h"
 
 namespace gz::test {
@@ -81,6 +82,22 @@ class DeviceBuffer {
  private:
   T* ptr_ = nullptr;
   std::size_t count_ = 0;
+};
+
+/// A codec's device workspace for calls on up to n elements (CUB's two phases:
+/// workspace_bytes, then every call gets it through ExecContext).
+class CudaWorkspace {
+ public:
+  CudaWorkspace(const Codec& codec, std::size_t n) : ws_(codec.workspace_bytes(n, Device::Cuda)) {}
+  /// A context on `stream`; with `status`, decodes report there (no sync).
+  ExecContext ctx(cudaStream_t stream = nullptr, PayloadStatus* status = nullptr) const {
+    ExecContext c{Device::Cuda, stream, ws_.get(), ws_.size()};
+    c.status = status;
+    return c;
+  }
+
+ private:
+  DeviceBuffer<std::byte> ws_;
 };
 
 /// Seed of this run: GZ_TEST_SEED when set (to replay a failure), else fresh.

@@ -1,6 +1,8 @@
 // GPU codecs against the CPU reference (the executable specification): for the
 // same input, the same payload bits (NaN == NaN), the same residual, the same
-// decoded output; over sizes that hit every tail of every kernel.
+// decoded output; over sizes that hit every tail of every kernel, for every
+// registered codec's test specs (descriptor.h) plus the paths only some
+// codecs have.
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -9,6 +11,7 @@
 #include <sstream>
 
 #include "compressors/codec.h"
+#include "compressors/descriptor.h"
 #include "compressors/wire_format.h"
 #include "gpu_test_util.h"
 #include "kernels/cast.h"
@@ -31,7 +34,9 @@ std::vector<T> read_array(const std::byte* p, std::size_t count) {
   return v;
 }
 
-/// Header bit-exact; body per its layout, floats compared with NaN == NaN.
+/// Header bit-exact; body per its layout, floats compared with NaN == NaN
+/// where a codec sends the input's NaN bits (CPU and GPU arithmetic make
+/// different NaNs); any other codec's body must match byte for byte.
 ::testing::AssertionResult same_payload(const std::vector<std::byte>& cpu, const std::vector<std::byte>& gpu) {
   if (cpu.size() != gpu.size())
     return ::testing::AssertionFailure() << "payload sizes differ: cpu " << cpu.size() << ", gpu " << gpu.size();
@@ -77,8 +82,13 @@ std::vector<T> read_array(const std::byte* p, std::size_t count) {
       if (auto r = words(0, h.param, "index"); !r) return r;
       return floats(4 * std::size_t{h.param}, h.param, "value");
     }
+    default: break;
   }
-  return ::testing::AssertionFailure() << "unknown codec";
+  for (std::size_t i = 0; i < h.body_bytes; ++i)
+    if (a[i] != b[i])
+      return ::testing::AssertionFailure() << "body byte " << i << " differs: cpu 0x" << std::hex
+                                           << std::to_integer<int>(a[i]) << ", gpu 0x" << std::to_integer<int>(b[i]);
+  return ::testing::AssertionSuccess();
 }
 
 ::testing::AssertionResult same_floats(const std::vector<float>& cpu, const std::vector<float>& gpu, const char* what) {
@@ -169,15 +179,19 @@ TEST_P(CudaCodecVsCpu, SamePayloadResidualAndDecode) {
   auto cpu = make_codec(c.spec);
   auto gpu = make_codec(c.spec);
   const std::size_t n = c.n;
-  const std::size_t k = cpu->config().topk_k(n);
+  // Special inputs keep NaNs below K for a sparse codec (see make_inputs).
+  const std::size_t nan_budget = cpu->descriptor().hint.sparse ? cpu->header_param(n) : 16;
   std::vector<float> g, r0;
-  make_inputs(c.input, n, seed, cpu->id() == CodecId::TopK ? k : 16, g, r0);
+  make_inputs(c.input, n, seed, nan_budget, g, r0);
   const bool ef = cpu->error_feedback();
 
   // CPU reference.
   std::vector<float> r_cpu = r0;
   std::vector<std::byte> p_cpu(cpu->max_payload_bytes(n), std::byte{0xCD});
-  const std::size_t bytes_cpu = cpu->encode(g.data(), ef ? r_cpu.data() : nullptr, n, p_cpu.data(), p_cpu.size());
+  std::vector<std::byte> host_ws(cpu->workspace_bytes(n, Device::Cpu));
+  const ExecContext host{Device::Cpu, nullptr, host_ws.data(), host_ws.size()};
+  const std::size_t bytes_cpu =
+      cpu->encode(g.data(), ef ? r_cpu.data() : nullptr, n, p_cpu.data(), p_cpu.size(), host);
   p_cpu.resize(bytes_cpu);
 
   // GPU, with a caller workspace (two-phase).
@@ -202,30 +216,37 @@ TEST_P(CudaCodecVsCpu, SamePayloadResidualAndDecode) {
   std::mt19937_64 rng(seed + 1);
   const std::vector<float> out0 = test::gaussian(n, rng);
   std::vector<float> out_cpu = out0;
-  cpu->decode_accumulate(p_cpu.data(), p_cpu.size(), out_cpu.data(), n);
+  cpu->decode_accumulate(p_cpu.data(), p_cpu.size(), out_cpu.data(), n, host);
   DeviceBuffer<float> dout(out0);
   gpu->decode_accumulate(payload.get(), bytes_gpu, dout.get(), n, ctx);  // synchronous verdict
   ASSERT_TRUE(same_floats(out_cpu, dout.download(), "decoded output (sync)"));
 
-  // Asynchronous verdict through a status word; the codec's own workspace.
+  // Asynchronous verdict through a status word; a second workspace.
+  test::CudaWorkspace ws2(*gpu, n);
   DeviceBuffer<PayloadStatus> status(1);
   status.fill_bytes(0);
   dout.upload(out0);
-  ExecContext async{Device::Cuda, stream};
-  async.status = status.get();
-  gpu->decode_accumulate(payload.get(), bytes_gpu, dout.get(), n, async);
+  gpu->decode_accumulate(payload.get(), bytes_gpu, dout.get(), n, ws2.ctx(stream, status.get()));
   EXPECT_NO_THROW(check_payload_status(status.get(), stream));
   ASSERT_TRUE(same_floats(out_cpu, dout.download(), "decoded output (async)"));
 
-  // Encoding again through the codec's own workspace gives the same payload.
+  // Encoding again through another workspace gives the same payload.
   dr.upload(r0);
   payload.fill_bytes(0x5A);
-  const std::size_t again = gpu->encode(dg.get(), ef ? dr.get() : nullptr, n, payload.get(), payload.size(),
-                                        ExecContext{Device::Cuda, stream});
+  const std::size_t again =
+      gpu->encode(dg.get(), ef ? dr.get() : nullptr, n, payload.get(), payload.size(), ws2.ctx(stream));
   GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
   ASSERT_EQ(again, bytes_cpu);
   ASSERT_TRUE(same_payload(p_cpu, payload.download(again)));
   GZ_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Every registered codec's test specs.
+std::vector<std::string> registry_specs() {
+  std::vector<std::string> specs;
+  for (const CodecDescriptor* d : all_codecs())
+    for (std::string_view s : d->test_specs) specs.emplace_back(s);
+  return specs;
 }
 
 std::vector<Case> all_cases() {
@@ -233,11 +254,14 @@ std::vector<Case> all_cases() {
   const std::vector<std::size_t> tails = {0, 1, 31, 32, 33, 511, 512, 513, 1000, 4095, 4096, 4097, 65535, 65536,
                                           65537, (1u << 20) - 1, (1u << 20) + 1};
   const std::size_t big = 10'000'003;
-  for (const char* spec : {"none", "fp16", "bf16", "fp16:ef=off", "bf16:ef=off", "onebit", "onebit:ef=off", "topk",
-                           "topk:ef=off", "topk:select=sample", "topk:density=0.1,select=sample,ef=off"}) {
+  std::vector<std::string> specs = registry_specs();
+  for (const char* extra : {"onebit:ef=off", "topk:ef=off", "topk:density=0.1,select=sample,ef=off"})
+    specs.emplace_back(extra);
+  for (const std::string& spec : specs) {
     for (std::size_t n : tails) cases.push_back({spec, n, Input::Gaussian});
     cases.push_back({spec, big, Input::Gaussian});
     for (std::size_t n : {std::size_t{1000}, std::size_t{70001}}) cases.push_back({spec, n, Input::Special});
+    for (std::size_t n : {std::size_t{100}, std::size_t{65537}}) cases.push_back({spec, n, Input::Zeros});
   }
   // onebit: block sizes for the register path (<= 512), the reload path
   // (> 512, multiple of 32), and the two-pass path (not a multiple of 32).
@@ -285,17 +309,20 @@ class CudaCodec : public ::testing::Test {
   void SetUp() override { GZ_REQUIRE_GPU(); }
 };
 
-// D(payload) + r_new == g + r_old, to rounding, on the GPU path.
+// D(payload) + r_new == g + r_old, to rounding, on the GPU path, for every
+// registered test spec with error feedback.
 TEST_F(CudaCodec, ErrorFeedbackInvariant) {
   const std::size_t n = 300007;
-  for (const char* spec : {"fp16", "bf16", "onebit", "onebit:block=100", "topk", "topk:select=sample"}) {
+  for (const std::string& spec : registry_specs()) {
     SCOPED_TRACE(spec);
     auto codec = make_codec(spec);
+    if (!codec->error_feedback()) continue;
     std::mt19937_64 rng(test::test_seed() + 7);
     const std::vector<float> g = test::gaussian(n, rng), r0 = test::gaussian(n, rng, 0.1f);
     DeviceBuffer<float> dg(g), dr(r0), dout(std::vector<float>(n, 0.0f));
     DeviceBuffer<std::byte> payload(codec->max_payload_bytes(n));
-    const ExecContext ctx{Device::Cuda, nullptr};
+    const test::CudaWorkspace ws(*codec, n);
+    const ExecContext ctx = ws.ctx();
     const std::size_t bytes = codec->encode(dg.get(), dr.get(), n, payload.get(), payload.size(), ctx);
     codec->decode_accumulate(payload.get(), bytes, dout.get(), n, ctx);
     const std::vector<float> d = dout.download(), r = dr.download();
@@ -322,7 +349,8 @@ TEST_F(CudaCodec, TopkIsTheKLargestBySort) {
     for (auto& x : g) x = static_cast<float>(d(rng)) * 0.25f;
     DeviceBuffer<float> dg(g);
     DeviceBuffer<std::byte> payload(codec->max_payload_bytes(n));
-    const std::size_t bytes = codec->encode(dg.get(), nullptr, n, payload.get(), payload.size(), {Device::Cuda});
+    const test::CudaWorkspace ws(*codec, n);
+    const std::size_t bytes = codec->encode(dg.get(), nullptr, n, payload.get(), payload.size(), ws.ctx());
     ASSERT_EQ(bytes, wire::kHeaderBytes + 8 * k);
     const auto p = payload.download(bytes);
     const auto idx = read_array<std::uint32_t>(p.data() + wire::kHeaderBytes, k);
@@ -345,12 +373,13 @@ TEST_F(CudaCodec, SampledTopkRespectsTheBound) {
     for (const char* spec : {"topk:select=sample", "topk:density=0.05,select=sample", "topk:k=3,select=sample"}) {
       SCOPED_TRACE(std::string(spec) + " n=" + std::to_string(n));
       auto codec = make_codec(spec);
-      const std::size_t k = codec->config().topk_k(n);
+      const std::size_t k = codec->header_param(n);
       std::mt19937_64 rng(test::test_seed() + n);
       const std::vector<float> g = test::gaussian(n, rng), r0 = test::gaussian(n, rng, 0.1f);
       DeviceBuffer<float> dg(g), dr(r0);
       DeviceBuffer<std::byte> payload(codec->max_payload_bytes(n));
-      const std::size_t bytes = codec->encode(dg.get(), dr.get(), n, payload.get(), payload.size(), {Device::Cuda});
+      const test::CudaWorkspace ws(*codec, n);
+      const std::size_t bytes = codec->encode(dg.get(), dr.get(), n, payload.get(), payload.size(), ws.ctx());
       const std::size_t count = (bytes - wire::kHeaderBytes) / 8;
       EXPECT_TRUE(count == k ||
                   (count >= kernels::cpu::topk_sampled_min(k) && count <= kernels::cpu::topk_sampled_max(k)))
@@ -387,10 +416,11 @@ TEST_F(CudaCodec, TopkIsDeterministic) {
   const std::vector<float> g = test::gaussian(n, rng), r0 = test::gaussian(n, rng, 0.1f);
   DeviceBuffer<float> dg(g), dr(r0);
   DeviceBuffer<std::byte> payload(codec->max_payload_bytes(n));
+  const test::CudaWorkspace ws(*codec, n);
   std::vector<std::byte> first;
   for (int run = 0; run < 3; ++run) {
     dr.upload(r0);
-    const std::size_t bytes = codec->encode(dg.get(), dr.get(), n, payload.get(), payload.size(), {Device::Cuda});
+    const std::size_t bytes = codec->encode(dg.get(), dr.get(), n, payload.get(), payload.size(), ws.ctx());
     const auto p = payload.download(bytes);
     if (run == 0)
       first = p;
@@ -402,7 +432,7 @@ TEST_F(CudaCodec, TopkIsDeterministic) {
 // Unaligned buffers take the scalar paths and still match the CPU.
 TEST_F(CudaCodec, UnalignedBuffersMatchTheCpu) {
   const std::size_t n = 100003;
-  for (const char* spec : {"none", "fp16", "bf16", "onebit", "onebit:block=100", "topk", "topk:select=sample"}) {
+  for (const std::string& spec : registry_specs()) {
     SCOPED_TRACE(spec);
     auto cpu = make_codec(spec), gpu = make_codec(spec);
     std::mt19937_64 rng(test::test_seed() + 11);
@@ -410,14 +440,17 @@ TEST_F(CudaCodec, UnalignedBuffersMatchTheCpu) {
     const bool ef = cpu->error_feedback();
     std::vector<float> r_cpu = r0;
     std::vector<std::byte> p_cpu(cpu->max_payload_bytes(n));
-    p_cpu.resize(cpu->encode(g.data(), ef ? r_cpu.data() : nullptr, n, p_cpu.data(), p_cpu.size()));
+    std::vector<std::byte> host_ws(cpu->workspace_bytes(n, Device::Cpu));
+    const ExecContext host{Device::Cpu, nullptr, host_ws.data(), host_ws.size()};
+    p_cpu.resize(cpu->encode(g.data(), ef ? r_cpu.data() : nullptr, n, p_cpu.data(), p_cpu.size(), host));
+    const test::CudaWorkspace ws(*gpu, n);
     // Offsets of 1 float (g, r) and 4 bytes (payload): 4-byte aligned, not 16.
     DeviceBuffer<float> dg(n + 1), dr(n + 1), dout(n + 1);
     DeviceBuffer<std::byte> payload(gpu->max_payload_bytes(n) + 4);
     GZ_CUDA_CHECK(cudaMemcpy(dg.get() + 1, g.data(), 4 * n, cudaMemcpyHostToDevice));
     GZ_CUDA_CHECK(cudaMemcpy(dr.get() + 1, r0.data(), 4 * n, cudaMemcpyHostToDevice));
     const std::size_t bytes = gpu->encode(dg.get() + 1, ef ? dr.get() + 1 : nullptr, n, payload.get() + 4,
-                                          payload.size() - 4, {Device::Cuda});
+                                          payload.size() - 4, ws.ctx());
     std::vector<std::byte> p_gpu(bytes);
     GZ_CUDA_CHECK(cudaMemcpy(p_gpu.data(), payload.get() + 4, bytes, cudaMemcpyDeviceToHost));
     ASSERT_TRUE(same_payload(p_cpu, p_gpu));
@@ -426,9 +459,9 @@ TEST_F(CudaCodec, UnalignedBuffersMatchTheCpu) {
     if (ef) {
       ASSERT_TRUE(same_floats(r_cpu, r_gpu, "residual"));
     }
-    cpu->decode_accumulate(p_cpu.data(), p_cpu.size(), out_cpu.data(), n);
+    cpu->decode_accumulate(p_cpu.data(), p_cpu.size(), out_cpu.data(), n, host);
     GZ_CUDA_CHECK(cudaMemcpy(dout.get() + 1, std::vector<float>(n, 1.5f).data(), 4 * n, cudaMemcpyHostToDevice));
-    gpu->decode_accumulate(payload.get() + 4, bytes, dout.get() + 1, n, {Device::Cuda});
+    gpu->decode_accumulate(payload.get() + 4, bytes, dout.get() + 1, n, ws.ctx());
     GZ_CUDA_CHECK(cudaMemcpy(out_gpu.data(), dout.get() + 1, 4 * n, cudaMemcpyDeviceToHost));
     ASSERT_TRUE(same_floats(out_cpu, out_gpu, "decoded output"));
   }
@@ -448,6 +481,15 @@ TEST_F(CudaCodec, WorkspaceContract) {
   EXPECT_THROW(codec->encode(g.get(), r.get(), n, payload.get(), payload.size(), misaligned), InvalidArgument);
   ExecContext exact{Device::Cuda, nullptr, ws.get(), need};
   EXPECT_NO_THROW(codec->encode(g.get(), r.get(), n, payload.get(), payload.size(), exact));
+  // Strictly two-phase: no workspace, no call (every CUDA call needs at least the status slot).
+  for (const std::string& spec : registry_specs()) {
+    auto c = make_codec(spec);
+    EXPECT_GE(c->workspace_bytes(n, Device::Cuda), Codec::kCudaStatusBytes) << spec;
+    EXPECT_THROW(c->encode(g.get(), c->error_feedback() ? r.get() : nullptr, n, payload.get(), payload.size(),
+                           {Device::Cuda}),
+                 InvalidArgument)
+        << spec;
+  }
   for (const char* spec : {"none", "fp16", "bf16", "onebit"})
     EXPECT_EQ(make_codec(spec)->workspace_bytes(n, Device::Cuda), Codec::kCudaStatusBytes) << spec;
 }

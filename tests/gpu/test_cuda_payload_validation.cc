@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "compressors/codec.h"
+#include "compressors/descriptor.h"
 #include "compressors/wire_format.h"
 #include "gpu_test_util.h"
 
@@ -44,11 +45,11 @@ std::vector<Mutation> header_mutations() {
       {"trailing_bytes", [](P& p, std::size_t& b, std::size_t&) { p.resize(b + 8, std::byte{0}), b += 8; }},
       {"bad_magic", [](P& p, std::size_t&, std::size_t&) { put32(p, 0, get32(p, 0) ^ 0x100u); }},
       {"bad_version", [](P& p, std::size_t&, std::size_t&) { put32(p, 4, (get32(p, 4) & 0xFFFF0000u) | 2u); }},
-      {"unknown_codec", [](P& p, std::size_t&, std::size_t&) { put32(p, 4, (get32(p, 4) & 0xFFFFu) | (9u << 16)); }},
+      {"unknown_codec", [](P& p, std::size_t&, std::size_t&) { put32(p, 4, (get32(p, 4) & 0xFFFFu) | ((kLastCodecId + 2u) << 16)); }},
       {"other_codec",
        [](P& p, std::size_t&, std::size_t&) {
          const std::uint32_t c = get32(p, 4) >> 16;
-         put32(p, 4, (get32(p, 4) & 0xFFFFu) | ((c % 5 + 1) << 16));
+         put32(p, 4, (get32(p, 4) & 0xFFFFu) | ((c % kLastCodecId + 1) << 16));
        }},
       {"flags", [](P& p, std::size_t&, std::size_t&) { put32(p, 12, 4u); }},
       {"param_plus_1", [](P& p, std::size_t&, std::size_t&) { put32(p, 8, get32(p, 8) + 1); }},
@@ -97,12 +98,15 @@ TEST_P(CudaPayloadValidation, RejectedLikeTheCpuAndOutUnchanged) {
   const std::vector<float> g = test::gaussian(n0, rng);
   DeviceBuffer<float> dg(g), dr(std::vector<float>(n0, 0.0f));
   DeviceBuffer<std::byte> enc(codec->max_payload_bytes(n0));
+  // Mutations may raise n by one: size the workspaces for that.
+  const test::CudaWorkspace ws(*codec, n0 + 1);
+  std::vector<std::byte> host_ws(codec->workspace_bytes(n0 + 1, Device::Cpu));
   const std::size_t valid_bytes = codec->encode(dg.get(), codec->error_feedback() ? dr.get() : nullptr, n0, enc.get(),
-                                                enc.size(), {Device::Cuda});
+                                                enc.size(), ws.ctx());
   const std::vector<std::byte> valid = enc.download(valid_bytes);
 
   std::vector<Mutation> mutations = header_mutations();
-  if (codec->id() == CodecId::TopK)
+  if (codec->descriptor().hint.sparse)  // index checks
     for (auto& m : topk_mutations()) mutations.push_back(m);
 
   cudaStream_t stream;
@@ -118,7 +122,8 @@ TEST_P(CudaPayloadValidation, RejectedLikeTheCpuAndOutUnchanged) {
     std::string cpu_msg;
     std::vector<float> host_out(n + 1, 2.0f);
     try {
-      codec->decode_accumulate(bad.data(), bytes, host_out.data(), n);
+      codec->decode_accumulate(bad.data(), bytes, host_out.data(), n,
+                               {Device::Cpu, nullptr, host_ws.data(), host_ws.size()});
     } catch (const PayloadError& e) {
       cpu_msg = bare(e.what());
     }
@@ -135,7 +140,7 @@ TEST_P(CudaPayloadValidation, RejectedLikeTheCpuAndOutUnchanged) {
     // Synchronous verdict: the same PayloadError, out unchanged.
     std::string gpu_msg;
     try {
-      codec->decode_accumulate(payload.get(), bytes, out.get(), n, {Device::Cuda, stream});
+      codec->decode_accumulate(payload.get(), bytes, out.get(), n, ws.ctx(stream));
     } catch (const PayloadError& e) {
       gpu_msg = bare(e.what());
     }
@@ -146,8 +151,7 @@ TEST_P(CudaPayloadValidation, RejectedLikeTheCpuAndOutUnchanged) {
     // Status-word verdict: no throw unless the host alone can tell.
     DeviceBuffer<PayloadStatus> status(1);
     status.fill_bytes(0);
-    ExecContext async{Device::Cuda, stream};
-    async.status = status.get();
+    const ExecContext async = ws.ctx(stream, status.get());
     bool threw_at_call = false;
     try {
       codec->decode_accumulate(payload.get(), bytes, out.get(), n, async);
@@ -175,9 +179,15 @@ TEST_P(CudaPayloadValidation, RejectedLikeTheCpuAndOutUnchanged) {
   GZ_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-INSTANTIATE_TEST_SUITE_P(Codecs, CudaPayloadValidation,
-                         ::testing::Values("none", "fp16", "bf16", "onebit", "onebit:block=100", "topk:density=0.05",
-                                           "topk:density=0.05,select=sample"),
+// Every registered codec's test specs.
+std::vector<std::string> registry_specs() {
+  std::vector<std::string> specs;
+  for (const CodecDescriptor* d : all_codecs())
+    for (std::string_view s : d->test_specs) specs.emplace_back(s);
+  return specs;
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, CudaPayloadValidation, ::testing::ValuesIn(registry_specs()),
                          [](const auto& param_info) {
                            std::string s = param_info.param;
                            for (auto& c : s)
@@ -193,8 +203,8 @@ TEST(CudaPayloadStatus, ValidPayloadsShareOneStatus) {
   auto codec = make_codec("topk:density=0.1,ef=off");
   DeviceBuffer<PayloadStatus> status(1);
   status.fill_bytes(0);
-  ExecContext ctx{Device::Cuda, nullptr};
-  ctx.status = status.get();
+  const test::CudaWorkspace ws(*codec, n);
+  const ExecContext ctx = ws.ctx(nullptr, status.get());
   DeviceBuffer<float> out(std::vector<float>(n, 0.0f));
   std::vector<float> want(n, 0.0f);
   for (int rank = 0; rank < 4; ++rank) {
@@ -202,10 +212,12 @@ TEST(CudaPayloadStatus, ValidPayloadsShareOneStatus) {
     const std::vector<float> g = test::gaussian(n, rng);
     DeviceBuffer<float> dg(g);
     DeviceBuffer<std::byte> payload(codec->max_payload_bytes(n));
-    const std::size_t bytes = codec->encode(dg.get(), nullptr, n, payload.get(), payload.size(), {Device::Cuda});
+    const std::size_t bytes = codec->encode(dg.get(), nullptr, n, payload.get(), payload.size(), ws.ctx());
     codec->decode_accumulate(payload.get(), bytes, out.get(), n, ctx);
     const auto host = payload.download(bytes);
-    make_codec("topk:density=0.1,ef=off")->decode_accumulate(host.data(), bytes, want.data(), n);
+    auto cpu = make_codec("topk:density=0.1,ef=off");
+    std::vector<std::byte> host_ws(cpu->workspace_bytes(n, Device::Cpu));
+    cpu->decode_accumulate(host.data(), bytes, want.data(), n, {Device::Cpu, nullptr, host_ws.data(), host_ws.size()});
   }
   EXPECT_NO_THROW(check_payload_status(status.get(), nullptr));
   const auto got = out.download();

@@ -11,8 +11,10 @@ import torch
 import gradzip
 from cuda_util import skip_unless_cuda_codecs
 
-SPECS = ["none", "fp16", "bf16", "onebit", "onebit:block=64", "onebit:ef=off", "topk:density=0.01",
-         "topk:k=7,ef=off", "topk:density=0.05,select=sample"]
+# Every registered codec's benchmark specs, and options that take other paths.
+SPECS = list(dict.fromkeys(["none", "fp16", "bf16", "onebit", "onebit:block=64", "onebit:ef=off",
+                            "topk:density=0.01", "topk:k=7,ef=off", "topk:density=0.05,select=sample"]
+                           + [spec for c in gradzip.codec_info() for _, spec in c["bench_specs"]]))
 N = 10_001  # odd, not a multiple of any block
 
 
@@ -195,7 +197,8 @@ class TestErrors:
             codec.decode_accumulate(payload, np.zeros(N, np.float32))
 
 
-@pytest.mark.parametrize("spec", ["onebit", "topk:density=0.01", "topk:density=0.02,select=sample"])
+@pytest.mark.parametrize("spec", ["onebit", "topk:density=0.01", "topk:density=0.02,select=sample",
+                                  "qsgd:bits=2,stochastic=on"])
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
 def test_state_dict_restores_bit_identically(spec, framework):
     codec = gradzip.Codec(spec)
@@ -224,6 +227,20 @@ def test_state_dict_restores_bit_identically(spec, framework):
 
     with pytest.raises(gradzip.InvalidArgument):
         gradzip.ErrorFeedback().load_state_dict({"version": 99})
+
+
+def test_stochastic_rounding_is_keyed_by_the_state_step():
+    codec = gradzip.Codec("qsgd:stochastic=on")
+    g = grad(3)
+    a, b = gradzip.ErrorFeedback(), gradzip.ErrorFeedback()
+    first = bytes(codec.encode(g, a))
+    assert a.step == 1
+    assert bytes(codec.encode(g, b)) == first  # same residual, same step: same bits
+    b.reset()
+    assert bytes(codec.encode(g, b, step=7)) != first  # another step: other draws
+    off = gradzip.Codec("qsgd:stochastic=on,ef=off")
+    assert bytes(off.encode(g, step=2)) == bytes(off.encode(g, step=2))
+    assert bytes(off.encode(g, step=2)) != bytes(off.encode(g, step=3))
 
 
 def test_numpy_state_restores_into_torch():
@@ -268,12 +285,40 @@ def test_gil_is_released_while_encoding():
 
 
 def test_spec_helpers():
-    assert gradzip.codec_names() == ["none", "fp16", "bf16", "onebit", "topk"]
+    info = gradzip.codec_info()
+    assert gradzip.codec_names() == [c["name"] for c in info]
+    assert gradzip.codec_names()[:5] == ["none", "fp16", "bf16", "onebit", "topk"]  # wire ids 1..5
+    assert [c["id"] for c in info] == sorted(c["id"] for c in info)
+    onebit = next(c for c in info if c["name"] == "onebit")
+    assert onebit["keys"][0]["name"] == "block" and onebit["keys"][0]["default"] == 512
+    topk = next(c for c in info if c["name"] == "topk")
+    assert topk["sparse"] and topk["allgather_up_to_ranks"] == 16
+    assert gradzip.Codec("topk").prefers_allgather(16) and not gradzip.Codec("fp16").prefers_allgather(3)
     assert gradzip.canonical_spec("onebit") == gradzip.Codec("onebit").spec
     assert gradzip.split_spec_list("none,fp16,topk:density=0.01,ef=off") == ["none", "fp16", "topk:density=0.01,ef=off"]
     assert len(gradzip.expand_spec_grid("topk:density=0.1,0.01,onebit:block=256,1024")) == 4
     assert gradzip.Codec("onebit").fixed_size and not gradzip.Codec("topk:select=sample").fixed_size
     assert "onebit" in repr(gradzip.Codec("onebit"))
+
+
+def test_workspace_is_kept_per_codec_and_required_by_the_raw_calls():
+    codec = gradzip.Codec("topk:density=0.01")
+    g = grad(n=50_000)
+    state = gradzip.ErrorFeedback()
+    codec.encode(g, state)
+    ws = codec._workspaces["cpu"]
+    assert ws.nbytes >= codec.workspace_bytes(50_000)
+    codec.encode(grad(1, n=50_000), state)
+    assert codec._workspaces["cpu"] is ws  # reused, not reallocated
+    codec.encode(grad(n=500_000), gradzip.ErrorFeedback())
+    assert codec._workspaces["cpu"].nbytes >= codec.workspace_bytes(500_000)  # grown
+    # The raw binding allocates nothing: without the workspace it asked for, it refuses.
+    raw = gradzip._core.Codec("topk:density=0.01")
+    payload = np.zeros(raw.max_payload_bytes(N), np.uint8)
+    with pytest.raises(gradzip.InvalidArgument, match="needs a workspace"):
+        raw.encode_into(grad(), np.zeros(N, np.float32), payload)
+    raw.encode_into(grad(), np.zeros(N, np.float32), payload,
+                    workspace=np.zeros(raw.workspace_bytes(N), np.uint8))
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

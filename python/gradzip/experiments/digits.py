@@ -49,9 +49,13 @@ GRADZIP_TRANSPORT_METHODS = ["fp16@gradzip", "onebit@gradzip", "topk:density=0.0
 
 
 def default_methods() -> List[str]:
+    """DEFAULT_METHODS, then every other registered lossy codec with its default
+    settings (by name: a new codec gets its row), then the gradzip-transport runs."""
     import gradzip
 
-    return DEFAULT_METHODS + (GRADZIP_TRANSPORT_METHODS if gradzip.BUILD["ucx"] else [])
+    named = {m.split(":")[0].split("@")[0] for m in DEFAULT_METHODS}
+    codecs = [c["name"] for c in gradzip.codec_info() if not c["lossless"] and c["name"] not in named]
+    return DEFAULT_METHODS + codecs + (GRADZIP_TRANSPORT_METHODS if gradzip.BUILD["ucx"] else [])
 
 
 @dataclass
@@ -414,7 +418,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1,2")
     ap.add_argument("--methods", default=None,
                     help="comma-separated methods (a part that does not start with a method or codec name "
-                         "continues the previous one, as in topk:density=0.01,ef=off); default: " + ",".join(DEFAULT_METHODS + GRADZIP_TRANSPORT_METHODS))
+                         "continues the previous one, as in topk:density=0.01,ef=off); default: " + ",".join(DEFAULT_METHODS)
+                         + ", then every other registered lossy codec by name, then "
+                         + ",".join(GRADZIP_TRANSPORT_METHODS) + " when the build has UCX")
     ap.add_argument("--epochs", type=int, default=Settings.epochs)
     ap.add_argument("--json", help="write the per-run results and the summary here")
     ap.add_argument("--markdown", help="write the table here")

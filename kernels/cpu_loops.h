@@ -1,0 +1,47 @@
+// Pieces the CPU loops share (internal to kernels/*_cpu.cc): the input of an
+// encode, the prefetch distance, and their 8-lane AVX2 twins.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/hd.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define GZ_CPU_AVX2 1
+#endif
+
+namespace gz::kernels::cpu::detail {
+
+/// Explicit prefetch distance in elements (4 KiB): with three or four streams
+/// one core keeps too few lines in flight on its own (measured: ~15% faster at 16M).
+inline constexpr std::size_t kPrefetchAhead = 1024;
+
+/// What an encode quantizes: v = g + r with error feedback, g without.
+template <bool kEf>
+inline float input(const float* g, const float* r, std::size_t i) {
+  return kEf ? g[i] + r[i] : g[i];
+}
+
+#if GZ_CPU_AVX2
+template <bool kEf>
+inline __m256 input8(const float* g, const float* r, std::size_t i) {
+  __m256 v = _mm256_loadu_ps(g + i);
+  if constexpr (kEf) v = _mm256_add_ps(v, _mm256_loadu_ps(r + i));
+  return v;
+}
+
+/// All ones in the lanes holding inf or NaN (is_nonfinite on 8 lanes).
+inline __m256 nonfinite_mask(__m256 v) {
+  const __m256i e = _mm256_set1_epi32(0x7F800000);
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), e), e));
+}
+
+/// ef_residual on 8 lanes: v - sent, 0 where that is inf or NaN.
+inline __m256 ef_residual8(__m256 v, __m256 sent) {
+  const __m256 res = _mm256_sub_ps(v, sent);
+  return _mm256_andnot_ps(nonfinite_mask(res), res);
+}
+#endif
+
+}  // namespace gz::kernels::cpu::detail
