@@ -9,11 +9,13 @@ export GZ_WERROR=ON
 gz_apt_deps
 gz_python_env  # first: the cluster tests that ctest runs use its python3
 gz_build
+# The Python package before ctest: the cluster tests import it, and an older
+# install left in the venv would be tested instead of this tree's.
+gz_python
 gz_log "ctest"
 ctest --test-dir "$GZ_BUILD_DIR" --output-on-failure -j "$GZ_JOBS" --timeout 600
 
-# Python package: install it, then pytest (its "no tests collected" exit, 5, fails here too).
-gz_python
+# pytest (its "no tests collected" exit, 5, fails here too).
 gz_log "pytest (tests/python)"
 (cd "$GZ_ROOT" && timeout 1800 "$GZ_PYTHON" -m pytest tests/python -q)
 
