@@ -120,6 +120,9 @@ struct AllreduceRun {
     if (exec.status) check_payload_status(exec.status, o.stream);
   }
 
+  // What the last decode multiplies by: 1/P for an average.
+  float scale() const { return o.op == ReduceOp::Average ? 1.0f / static_cast<float>(P) : 1.0f; }
+
   void phase_end(double& acc, Clock::time_point& t0) {
     if (!o.stats) return;
     mem::synchronize(o.device, o.stream);
@@ -254,9 +257,9 @@ void AllreduceRun::run_allgather() {
   stats.wire_bytes = (P_ - 1) * sent;
   phase_end(stats.comm_s, t0);
 
-  mem::zero(o.buffer, 4 * n, o.device, o.stream);
-  for (std::size_t i = 0; i < P_; ++i)
-    codec.decode_accumulate(slot(i), payload_size(slot(i), ws.received_[i], cap), o.buffer, n, exec);
+  ws.payloads_.resize(P_);
+  for (std::size_t i = 0; i < P_; ++i) ws.payloads_[i] = PayloadRef{slot(i), payload_size(slot(i), ws.received_[i], cap)};
+  codec.decode_sum(ws.payloads_, o.buffer, n, scale(), exec);
   check_decodes();
   phase_end(stats.decode_s, t0);
 }
@@ -314,11 +317,12 @@ void AllreduceRun::run_scatter_reduce() {
   phase_end(stats.comm_s, t0);
 
   // 3. Reduce into the chunk sum, in rank order.
-  mem::zero(chunk_sum, 4 * own.count, o.device, o.stream);
+  ws.payloads_.resize(P_);
   for (std::size_t i = 0; i < P_; ++i) {
     std::byte* p = area_b + i * b_stride;
-    codec.decode_accumulate(p, payload_size(p, ws.received_[i], own_cap), chunk_sum, own.count, exec);
+    ws.payloads_[i] = PayloadRef{p, payload_size(p, ws.received_[i], own_cap)};
   }
+  codec.decode_sum(ws.payloads_, chunk_sum, own.count, 1.0f, exec);
   check_decodes();  // never re-encode a sum of a rejected payload
   phase_end(stats.decode_s, t0);
 
@@ -340,12 +344,11 @@ void AllreduceRun::run_scatter_reduce() {
   stats.wire_bytes = wire;
   phase_end(stats.comm_s, t0);
 
-  mem::zero(o.buffer, 4 * o.n, o.device, o.stream);
   for (std::size_t j = 0; j < P_; ++j) {
     const ChunkRange c = chunk_range(o.n, P, static_cast<int>(j));
     auto* p = static_cast<std::byte*>(ws.recv_[j].data);
-    codec.decode_accumulate(p, payload_size(p, ws.received_[j], ws.recv_[j].bytes), o.buffer + c.offset, c.count,
-                            exec);
+    codec.decode(p, payload_size(p, ws.received_[j], ws.recv_[j].bytes), o.buffer + c.offset, c.count,
+                 Combine{false, scale()}, exec);
   }
   check_decodes();
   phase_end(stats.decode_s, t0);
@@ -379,7 +382,6 @@ void allreduce(const AllreduceOptions& o) {
     run.run_allgather();
   else
     run.run_scatter_reduce();
-  if (o.op == ReduceOp::Average) mem::scale(o.buffer, o.n, 1.0f / static_cast<float>(run.P), o.device, o.stream);
   run.t.synchronize(run.call);  // NCCL: wait (with the timeout) for the queued work
   if (o.stats) {
     run.stats.total_s = std::chrono::duration<double>(Clock::now() - start).count();

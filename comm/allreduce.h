@@ -175,6 +175,7 @@ class AllreduceWorkspace {
   std::vector<Slice> recv_;
   std::vector<ConstSlice> send_;
   std::vector<std::size_t> received_;
+  std::vector<PayloadRef> payloads_;
 };
 
 struct AllreduceOptions {

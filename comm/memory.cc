@@ -98,20 +98,6 @@ void zero(void* p, std::size_t bytes, Device device, Stream stream) {
 #endif
 }
 
-void scale(float* p, std::size_t n, float alpha, Device device, Stream stream) {
-  if (!n) return;
-  if (device == Device::Cpu) {
-    kernels::cpu::scale(p, n, alpha);
-    return;
-  }
-#if GZ_HAVE_CUDA
-  kernels::cuda::scale(p, n, alpha, stream);
-#else
-  (void)stream;
-  no_cuda();
-#endif
-}
-
 namespace {
 
 // Copies between host and `device` memory and waits for the copy.

@@ -1,5 +1,6 @@
 #include "compressors/codec.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -87,47 +88,92 @@ std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std
   return wire::kHeaderBytes + body.body_bytes;
 }
 
-void Codec::decode_accumulate(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
-                              const ExecContext& ctx) {
-  GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
-  if (ctx.device == Device::Cuda) return decode_accumulate_cuda(payload, bytes, out, n, ctx);
+namespace {
+
+// CPU sums decode this many elements of every payload before moving on, so
+// the output tile stays in cache while the payloads add into it.
+constexpr std::size_t kSumTile = 16384;
+
+// The mode of payload j of m in a sum: the first overwrites, the last scales.
+Combine sum_mode(std::size_t j, std::size_t m, float scale) {
+  return Combine{j != 0, j + 1 == m ? scale : 1.0f};
+}
+
+}  // namespace
+
+void Codec::check_body_cpu(const PayloadView&) const {}
+
+PayloadView Codec::view_cpu(const std::byte* payload, std::size_t bytes, std::size_t n) const {
   if (reinterpret_cast<std::uintptr_t>(payload) % 4 != 0)
     GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
   const wire::Header h = wire::read_header(payload, bytes);
   std::uint32_t param = 0;
   const bool fixed = expected_param(n, &param);
   wire::expect(h, id(), n, fixed ? &param : nullptr);
-  decode_cpu(PayloadView{h.param, h.count, payload + wire::kHeaderBytes, h.body_bytes}, out, ctx);
+  const PayloadView v{h.param, h.count, payload + wire::kHeaderBytes, h.body_bytes};
+  check_body_cpu(v);
+  return v;
+}
+
+void Codec::decode(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
+                   const ExecContext& ctx) {
+  GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
+  const PayloadRef one{payload, bytes};
+  if (ctx.device == Device::Cuda) return decode_cuda_all(std::span(&one, 1), out, n, &c, 1.0f, ctx);
+  decode_cpu(view_cpu(payload, bytes, n), 0, n, out, c);
+}
+
+void Codec::decode_sum(std::span<const PayloadRef> payloads, float* out, std::size_t n, float scale,
+                       const ExecContext& ctx) {
+  GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
+  if (payloads.empty()) return;
+  if (ctx.device == Device::Cuda) return decode_cuda_all(payloads, out, n, nullptr, scale, ctx);
+  const std::size_t m = payloads.size();
+  views_.clear();
+  for (const PayloadRef& p : payloads) views_.push_back(view_cpu(p.data, p.bytes, n));  // all, before out
+  if (m == 1) return decode_cpu(views_[0], 0, n, out, sum_mode(0, 1, scale));
+  for (std::size_t b = 0; b < n; b += kSumTile) {
+    const std::size_t e = std::min(n, b + kSumTile);
+    for (std::size_t j = 0; j < m; ++j) decode_cpu(views_[j], b, e, out, sum_mode(j, m, scale));
+  }
 }
 
 #if GZ_HAVE_CUDA
-// Host checks first (what needs no device memory), then the header check on
-// the device, then the codec's gated decode kernels, then the verdict.
-void Codec::decode_accumulate_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
-                                   const ExecContext& ctx) {
-  if (!payload) GZ_THROW(PayloadError, "payload pointer is null");
-  if (reinterpret_cast<std::uintptr_t>(payload) % 4 != 0)
-    GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
-  if (bytes < wire::kHeaderBytes)
-    GZ_THROW(PayloadError, "payload truncated: ", bytes, " bytes, the header alone is ", wire::kHeaderBytes);
+// Host checks first (what needs no device memory), then the header and body
+// checks of every payload on the device, then the codec's gated decode
+// kernels, then (without a caller's status word) the verdict.
+void Codec::decode_cuda_all(std::span<const PayloadRef> payloads, float* out, std::size_t n, const Combine* single,
+                            float scale, const ExecContext& ctx) {
   std::uint32_t param = 0;
   const bool fixed = expected_param(n, &param);
-  // A fixed-size codec knows the exact size; a mismatch means a malformed
-  // payload whose body must not be read (the device check names the reason).
-  const bool size_ok = !fixed || bytes == max_payload_bytes(n);
-
+  for (const PayloadRef& p : payloads) {
+    if (!p.data) GZ_THROW(PayloadError, "payload pointer is null");
+    if (reinterpret_cast<std::uintptr_t>(p.data) % 4 != 0)
+      GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
+    if (p.bytes < wire::kHeaderBytes)
+      GZ_THROW(PayloadError, "payload truncated: ", p.bytes, " bytes, the header alone is ", wire::kHeaderBytes);
+  }
   ExecContext c = ctx;
   const bool synchronous = ctx.status == nullptr;
   if (synchronous) {
     c.status = static_cast<PayloadStatus*>(scratch(ctx, kCudaStatusBytes));
     GZ_CUDA_CHECK(cudaMemsetAsync(c.status, 0, sizeof(PayloadStatus), ctx.stream));
   }
-  cuda_codec::validate_header(payload, bytes, id(), n, fixed, param, size_ok, c.status, ctx.stream);
-  if (size_ok) decode_cuda(payload, bytes, out, n, c);
+  // A fixed-size codec knows the exact size; a mismatch means a malformed
+  // payload whose body must not be read (the device check names the reason).
+  auto size_ok = [&](const PayloadRef& p) { return !fixed || p.bytes == max_payload_bytes(n); };
+  for (const PayloadRef& p : payloads)
+    cuda_codec::validate_header(p.data, p.bytes, id(), n, fixed, param, size_ok(p), c.status, ctx.stream);
+  for (const PayloadRef& p : payloads)
+    if (size_ok(p)) check_body_cuda(p.data, p.bytes, n, c);
+  const std::size_t m = payloads.size();
+  for (std::size_t j = 0; j < m; ++j)
+    if (size_ok(payloads[j])) decode_cuda(payloads[j].data, payloads[j].bytes, out, n, single ? *single : sum_mode(j, m, scale), c);
   if (synchronous) check_payload_status(c.status, ctx.stream);
 }
 #else
-void Codec::decode_accumulate_cuda(const std::byte*, std::size_t, float*, std::size_t, const ExecContext&) {
+void Codec::decode_cuda_all(std::span<const PayloadRef>, float*, std::size_t, const Combine*, float,
+                            const ExecContext&) {
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
 #endif
@@ -136,8 +182,10 @@ std::size_t Codec::encode_cuda(const float*, float*, std::size_t, std::byte*, co
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
 
-void Codec::decode_cuda(const std::byte*, std::size_t, float*, std::size_t, const ExecContext&) {
+void Codec::decode_cuda(const std::byte*, std::size_t, float*, std::size_t, Combine, const ExecContext&) {
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
+
+void Codec::check_body_cuda(const std::byte*, std::size_t, std::size_t, const ExecContext&) {}
 
 }  // namespace gz

@@ -29,10 +29,10 @@ class OnebitCodec final : public Codec {
     kernels::cpu::onebit_encode(g, r, n, block, scales, bits);
     return {block, wire::body_bytes(CodecId::OneBit, block, n)};
   }
-  void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
+  void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
     const auto* scales = reinterpret_cast<const kernels::OnebitScales*>(p.body);
     const auto* bits = reinterpret_cast<const std::uint32_t*>(p.body + 8 * kernels::onebit_blocks(p.count, p.param));
-    kernels::cpu::onebit_decode_accumulate(scales, bits, p.count, p.param, out);
+    kernels::cpu::onebit_decode(scales, bits, p.param, begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
   std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
@@ -46,13 +46,13 @@ class OnebitCodec final : public Codec {
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's block.
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+                   const ExecContext& ctx) override {
     const std::uint32_t block = config().block;
     const std::byte* body = payload + wire::kHeaderBytes;
-    kernels::cuda::onebit_decode_accumulate(
-        reinterpret_cast<const kernels::OnebitScales*>(body),
-        reinterpret_cast<const std::uint32_t*>(body + 8 * kernels::onebit_blocks(n, block)), n, block, out,
-        &ctx.status->code, ctx.stream);
+    kernels::cuda::onebit_decode(reinterpret_cast<const kernels::OnebitScales*>(body),
+                                 reinterpret_cast<const std::uint32_t*>(body + 8 * kernels::onebit_blocks(n, block)),
+                                 n, block, out, c, &ctx.status->code, ctx.stream);
   }
 #endif
 };
