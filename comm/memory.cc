@@ -98,6 +98,20 @@ void zero(void* p, std::size_t bytes, Device device, Stream stream) {
 #endif
 }
 
+void copy(void* dst, const void* src, std::size_t bytes, Device device, Stream stream) {
+  if (!bytes) return;
+  if (device == Device::Cpu) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+#if GZ_HAVE_CUDA
+  GZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, reinterpret_cast<cudaStream_t>(stream)));
+#else
+  (void)stream;
+  no_cuda();
+#endif
+}
+
 namespace {
 
 // Copies between host and `device` memory and waits for the copy.
