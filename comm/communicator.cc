@@ -62,13 +62,17 @@ std::unique_ptr<Communicator> Communicator::create(TransportKind kind, std::shar
   }
 #endif
   (void)local_rank;
-  return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options);
+  Topology topology = discover_topology(*prefixed, rank, world_size, options.timeout);
+  return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options, std::move(topology));
 }
 
 Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport,
-                           CommunicatorOptions options)
+                           CommunicatorOptions options, std::optional<Topology> topology)
     : store_(std::move(store)), transport_(std::move(transport)), options_(std::move(options)) {
   GZ_ENFORCE(store_ && transport_, "a communicator needs a store and a transport");
+  topology_ = topology ? std::move(*topology) : Topology::flat(transport_->size());
+  GZ_ENFORCE(topology_.ranks() == transport_->size(), "the topology describes ", topology_.ranks(),
+             " ranks, the transport has ", transport_->size());
 }
 
 Communicator::~Communicator() {
@@ -97,6 +101,8 @@ void Communicator::allreduce(float* buffer, std::size_t n, Codec& codec, Allredu
   o.device = call.device;
   o.stream = call.stream;
   o.timeout = call.timeout.value_or(options_.timeout);
+  o.segment_bytes = call.segment_bytes;
+  o.topology = &topology_;
   o.stats = call.stats;
   try {
     gz::allreduce(o);

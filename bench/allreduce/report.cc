@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -37,7 +38,7 @@ std::string num(double v) {
 
 }  // namespace
 
-void print_header(const Options& o, int ranks, const std::string& transport_desc) {
+void print_header(const Options& o, int ranks, const std::string& transport_desc, const std::string& topology) {
   utsname u{};
   ::uname(&u);
   char host[256] = {};
@@ -48,24 +49,31 @@ void print_header(const Options& o, int ranks, const std::string& transport_desc
   std::printf("# gradzip-bench: compressed allreduce, %d ranks\n", ranks);
   std::printf("# transport: %s   device: %s   algorithm: %s   iters: %d   warmup: %d\n", transport_desc.c_str(),
               to_string(o.device), to_string(o.algorithm), o.iters, o.warmup);
+  const char* link = std::getenv("GRADZIP_LINK");
+  std::printf("# topology: %s   link: %s   segment: %zu bytes\n", topology.c_str(), link ? link : "local",
+              o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes);
   std::printf("# machine: %s (%s %s, %s), %ld cpus   %s\n", host, u.sysname, u.release, cpu_model().c_str(),
               ::sysconf(_SC_NPROCESSORS_ONLN), date);
   std::printf("# times: mean per call, max over ranks. wire: bytes one rank sends per call. ratio: fp32\n"
               "# baseline wire bytes / this row's. speedup: baseline total / this row's total, where the\n"
               "# baseline is the uncompressed fp32 allreduce (none, scatter_reduce) on the same transport.\n"
-              "# rel_err: ||out - exact|| / ||exact|| of the first call (zero EF state). workspace: bytes per\n"
-              "# rank beyond the buffer and EF state.\n#\n");
-  std::printf("# %11s  %-18s %-14s %12s %7s %9s %9s %9s %9s %8s %9s %12s  %s\n", "elements", "codec", "algorithm",
-              "wire(B)", "ratio", "enc(ms)", "comm(ms)", "dec(ms)", "total(ms)", "speedup", "rel_err",
-              "workspace(B)", "check");
+              "# The calls are pipelined (seg: segments per call), so enc + dec + comm > total: enc and dec\n"
+              "# are the codec's work, comm the time with bytes in flight, wait the part of it spent blocked.\n"
+              "# hidden: the share of enc + dec that ran while bytes moved, (comm - wait) / (enc + dec),\n"
+              "# least over ranks. rel_err: ||out - exact|| / ||exact|| of the first call (zero EF state).\n"
+              "# workspace: bytes per rank beyond the buffer and EF state.\n#\n");
+  std::printf("# %11s  %-18s %-14s %12s %7s %9s %9s %9s %9s %6s %4s %9s %8s %9s %12s  %s\n", "elements", "codec",
+              "algorithm", "wire(B)", "ratio", "enc(ms)", "dec(ms)", "comm(ms)", "wait(ms)", "hidden", "seg",
+              "total(ms)", "speedup", "rel_err", "workspace(B)", "check");
   std::fflush(stdout);
 }
 
 void print_row(const Row& r) {
-  std::printf("  %11zu  %-18s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %8.2f %9.2e %12zu  %s%s%s\n", r.elements,
-              r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm), r.wire_bytes, r.ratio,
-              r.encode_ms, r.comm_ms, r.decode_ms, r.total_ms, r.speedup, r.rel_error, r.workspace_bytes,
-              r.ok ? "OK" : "FAILED", r.note.empty() ? "" : ": ", r.note.c_str());
+  std::printf("  %11zu  %-18s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %5.0f%% %4zu %9.3f %8.2f %9.2e %12zu  %s%s%s\n",
+              r.elements, r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm),
+              r.wire_bytes, r.ratio, r.encode_ms, r.decode_ms, r.comm_ms, r.wait_ms, 100 * r.hidden, r.segments,
+              r.total_ms, r.speedup, r.rel_error, r.workspace_bytes, r.ok ? "OK" : "FAILED",
+              r.note.empty() ? "" : ": ", r.note.c_str());
   std::fflush(stdout);
 }
 
@@ -87,6 +95,8 @@ std::string json_record(const Row& r) {
     << ", \"elements\": " << r.elements << ", \"wire_bytes_per_rank\": " << r.wire_bytes
     << ", \"ratio\": " << num(r.ratio) << ", \"encode_ms\": " << num(r.encode_ms)
     << ", \"comm_ms\": " << num(r.comm_ms) << ", \"decode_ms\": " << num(r.decode_ms)
+    << ", \"wait_ms\": " << num(r.wait_ms) << ", \"hidden\": " << num(r.hidden)
+    << ", \"segments\": " << r.segments
     << ", \"total_ms\": " << num(r.total_ms) << ", \"baseline_ms\": " << num(r.baseline_ms)
     << ", \"speedup\": " << num(r.speedup) << ", \"rel_error\": " << num(r.rel_error)
     << ", \"error_bound\": " << num(r.error_bound) << ", \"workspace_bytes\": " << r.workspace_bytes

@@ -1,0 +1,159 @@
+// What the algorithms share: flights (timed, aborted on error), segment
+// sizes and the codec of a phase's segments.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "comm/allreduce_run.h"
+#include "common/error.h"
+#include "common/workspace.h"
+#include "compressors/wire_format.h"
+
+namespace gz::detail {
+
+bool payload_size_varies(const Codec& c);  // allreduce.cc
+
+Run::Run(const AllreduceOptions& opt)
+    : Run(opt, opt.transport->size(), opt.transport->rank(), opt.transport->exact_sizes(),
+          opt.transport->device_memory()) {
+  t = opt.transport;
+  call = CallContext{o.device, o.stream, o.timeout};
+}
+
+Run::Run(const AllreduceOptions& opt, int ranks, int rank, bool exact_sizes, bool transport_device_memory)
+    : o(opt),
+      t(nullptr),
+      codec(*opt.codec),
+      st(*opt.state),
+      ws(*opt.workspace),
+      P(ranks),
+      me(rank),
+      exact(exact_sizes),
+      varies(payload_size_varies(*opt.codec)),
+      device_memory(transport_device_memory) {
+  topo = o.topology ? *o.topology : Topology::flat(P);
+  algo = resolve_algorithm(o.algorithm, codec.config(), topo);
+  raw = codec.id() == CodecId::None && o.device == Device::Cpu;
+  seg = segment_elems(codec, raw);
+  stats.algorithm = algo;
+  timer.reset(o.stats != nullptr, o.device, o.stream);
+}
+
+Group Run::world() const {
+  Group g;
+  g.ranks.resize(static_cast<std::size_t>(P));
+  std::iota(g.ranks.begin(), g.ranks.end(), 0);
+  g.me = me;
+  return g;
+}
+
+namespace {
+
+// Segments are whole runs of this many elements: whole blocks for onebit (so
+// that segmenting changes no bit), in runs of 64 (aligned vector loops).
+std::size_t segment_granule(const Codec& c) {
+  return c.id() == CodecId::OneBit ? std::lcm<std::size_t>(c.config().block, 64) : 64;
+}
+
+}  // namespace
+
+std::size_t Run::segment_elems(const Codec& c, bool raw_floats) const {
+  const std::size_t target = o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes;
+  // Payload bytes per element, from a long run (headers aside).
+  constexpr std::size_t kRef = std::size_t{1} << 20;
+  const double per = raw_floats ? 4.0 : static_cast<double>(c.max_payload_bytes(kRef) - wire::kHeaderBytes) / kRef;
+  const std::size_t unit = segment_granule(c);
+  const double units = static_cast<double>(target) / per / static_cast<double>(unit);
+  // Capped so that a segment's slot stays addressable (sparse codecs at tiny rates).
+  return static_cast<std::size_t>(std::clamp(units, 1.0, 1e12 / static_cast<double>(unit))) * unit;
+}
+
+Codec& Run::segment_codec(std::size_t unit, std::size_t seg_elems) {
+  const CodecConfig& cfg = codec.config();
+  if (cfg.id != CodecId::TopK || cfg.k == 0 || unit <= seg_elems) return codec;
+  // k=K over `unit` elements, cut into segments: each segment keeps the same
+  // share, K / unit, of its elements (at least one entry per segment).
+  CodecConfig d = cfg;
+  d.k = 0;
+  d.density = static_cast<double>(cfg.topk_k(unit)) / static_cast<double>(unit);
+  if (!ws.segment_codec_ || !(ws.segment_codec_->config() == d)) ws.segment_codec_ = make_codec(d);
+  return *ws.segment_codec_;
+}
+
+Wire Run::wire_for(std::size_t unit, std::size_t seg_elems) {
+  // No segment longer than the run it cuts (slots and sums are sized by it).
+  const std::size_t granule = raw ? 64 : segment_granule(codec);
+  seg_elems = std::min(seg_elems, std::max(granule, align_up(unit, granule)));
+  if (raw) return Wire{nullptr, true, seg_elems};
+  return Wire{&segment_codec(unit, seg_elems), false, seg_elems};
+}
+
+Flight Run::start(std::span<const SendOp> sends, std::span<const RecvOp> recvs) {
+  for (const SendOp& s : sends) stats.wire_bytes += s.data.bytes;
+  Flight f;
+  f.start = Clock::now();
+  f.x = t->start(sends, recvs, call);
+  f.live = true;
+  return f;
+}
+
+void Run::finish(Flight& f) {
+  if (!f.live) return;
+  const auto t0 = Clock::now();
+  t->wait(f.x);
+  f.live = false;
+  const auto t1 = Clock::now();
+  stats.wait_s += std::chrono::duration<double>(t1 - t0).count();
+  busy.emplace_back(f.start, t1);
+}
+
+void Run::poke(Flight& f) {
+  if (f.live && t->test(f.x)) {
+    f.live = false;
+    busy.emplace_back(f.start, Clock::now());
+  }
+}
+
+void Run::abort_flights(std::span<Flight> flights, const char* why) {
+  for (const Flight& f : flights)
+    if (f.live) {
+      t->abort(why);  // the exchanges cannot finish: peers see an error, not silence
+      return;
+    }
+}
+
+void Run::before_send() {
+  // Kernels wrote the payload into pinned memory the host transport reads.
+  if (o.device == Device::Cuda && !device_memory) mem::synchronize(o.device, o.stream);
+}
+
+std::size_t Run::payload_size(const std::byte* slot, std::size_t received, std::size_t capacity) const {
+  if (exact || !varies) return exact ? received : capacity;
+  // The sender sent its whole slot: the header says how much is payload.
+  std::byte head[wire::kHeaderBytes];
+  mem::to_host(head, slot, sizeof head, o.device, o.stream);
+  std::uint64_t body = 0;
+  std::memcpy(&body, head + 24, sizeof body);
+  return body <= capacity - wire::kHeaderBytes ? wire::kHeaderBytes + body : capacity;
+}
+
+void Run::check_decodes() {
+  if (exec.status) check_payload_status(exec.status, o.stream);
+}
+
+void Run::finish_stats(Clock::time_point start) {
+  if (!o.stats) return;
+  timer.collect();
+  // Time with at least one exchange in flight: the union of the flights.
+  std::sort(busy.begin(), busy.end());
+  Clock::time_point edge{};
+  for (const auto& [b, e] : busy) {
+    const auto from = std::max(b, edge);
+    if (e > from) stats.comm_s += std::chrono::duration<double>(e - from).count();
+    edge = std::max(edge, e);
+  }
+  stats.total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  *o.stats = stats;
+}
+
+}  // namespace gz::detail
