@@ -44,10 +44,10 @@ void expect_floats(std::size_t received, std::size_t count, int rank) {
 void Run::flat(Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count,
                float scale_by, Carve& wire_carve, Carve& local) {
   if (a == Algorithm::Allgather) {
-    allgather(g, buf, residual, count, scale_by, wire_for(count, seg), wire_carve);
+    allgather(g, buf, residual, count, scale_by, wire_for(count), wire_carve);
   } else {
     const std::size_t chunk = chunk_range(count, g.size(), 0).count;  // the largest
-    scatter_reduce(g, buf, residual, server, count, scale_by, wire_for(chunk, seg), wire_carve, local);
+    scatter_reduce(g, buf, residual, server, count, scale_by, wire_for(chunk), wire_carve, local);
   }
 }
 

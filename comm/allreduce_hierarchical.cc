@@ -22,7 +22,6 @@
 
 #include "comm/allreduce_run.h"
 #include "common/error.h"
-#include "common/workspace.h"
 
 namespace gz::detail {
 
@@ -41,13 +40,7 @@ void Run::hierarchical(Carve& wire_carve, Carve& local) {
 
   // The node's own traffic is fp32: the floats themselves on the host, the
   // none codec's payloads on a device.
-  Wire fp32{nullptr, true, segment_elems(codec, true)};
-  if (!raw) {
-    if (!ws.none_codec_) ws.none_codec_ = make_codec("none");
-    fp32 = Wire{ws.none_codec_.get(), false, segment_elems(*ws.none_codec_, false)};
-  }
-  const std::size_t largest_shard = chunk_range(o.n, nodes_ranks.size(), 0).count;
-  fp32.seg = std::min(fp32.seg, std::max<std::size_t>(64, align_up(largest_shard, 64)));
+  const Wire fp32 = fp32_wire(chunk_range(o.n, nodes_ranks.size(), 0).count);
   float* shard_buf = o.buffer ? o.buffer + shard.offset : nullptr;
 
   // The phases run one after another, each laying out its slots from the

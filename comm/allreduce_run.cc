@@ -68,24 +68,33 @@ std::size_t Run::segment_elems(const Codec& c, bool raw_floats) const {
   return static_cast<std::size_t>(std::clamp(units, 1.0, 1e12 / static_cast<double>(unit))) * unit;
 }
 
-Codec& Run::segment_codec(std::size_t unit, std::size_t seg_elems) {
+Wire Run::wire_for(std::size_t unit) {
+  // No segment longer than the run it cuts (slots and sums are sized by it).
+  auto fit = [&](std::size_t seg_elems, std::size_t granule) {
+    return std::min(seg_elems, std::max(granule, align_up(unit, granule)));
+  };
+  if (raw) return Wire{nullptr, true, fit(segment_elems(codec, true), 64)};
+  Codec* c = &codec;
   const CodecConfig& cfg = codec.config();
-  if (cfg.id != CodecId::TopK || cfg.k == 0 || unit <= seg_elems) return codec;
-  // k=K over `unit` elements, cut into segments: each segment keeps the same
-  // share, K / unit, of its elements (at least one entry per segment).
-  CodecConfig d = cfg;
-  d.k = 0;
-  d.density = static_cast<double>(cfg.topk_k(unit)) / static_cast<double>(unit);
-  if (!ws.segment_codec_ || !(ws.segment_codec_->config() == d)) ws.segment_codec_ = make_codec(d);
-  return *ws.segment_codec_;
+  if (cfg.id == CodecId::TopK && cfg.k != 0 && unit > 0) {
+    // k=K over `unit` elements, cut into segments: each segment keeps the
+    // same share, K / unit, of its elements (at least one entry each).
+    CodecConfig d = cfg;
+    d.k = 0;
+    d.density = static_cast<double>(cfg.topk_k(unit)) / static_cast<double>(unit);
+    if (!ws.segment_codec_ || !(ws.segment_codec_->config() == d)) ws.segment_codec_ = make_codec(d);
+    c = ws.segment_codec_.get();
+  }
+  const std::size_t seg_elems = fit(segment_elems(*c, false), segment_granule(*c));
+  if (seg_elems >= unit) c = &codec;  // one segment: exactly the unsegmented call
+  return Wire{c, false, seg_elems};
 }
 
-Wire Run::wire_for(std::size_t unit, std::size_t seg_elems) {
-  // No segment longer than the run it cuts (slots and sums are sized by it).
-  const std::size_t granule = raw ? 64 : segment_granule(codec);
-  seg_elems = std::min(seg_elems, std::max(granule, align_up(unit, granule)));
-  if (raw) return Wire{nullptr, true, seg_elems};
-  return Wire{&segment_codec(unit, seg_elems), false, seg_elems};
+Wire Run::fp32_wire(std::size_t unit) {
+  if (raw) return wire_for(unit);
+  if (!ws.none_codec_) ws.none_codec_ = make_codec("none");
+  const std::size_t seg_elems = std::min(segment_elems(*ws.none_codec_, false), std::max<std::size_t>(64, align_up(unit, 64)));
+  return Wire{ws.none_codec_.get(), false, seg_elems};
 }
 
 Flight Run::start(std::span<const SendOp> sends, std::span<const RecvOp> recvs) {

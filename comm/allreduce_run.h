@@ -114,11 +114,15 @@ struct Run {
   void hierarchical(Carve& wire_carve, Carve& local);
 
   // Shared pieces.
-  /// The codec for segments of `unit` elements (the length the unsegmented
-  /// call would encode) cut every `seg_elems`: the user's, or for top-k k=K
-  /// one selecting K/unit of each segment.
-  Codec& segment_codec(std::size_t unit, std::size_t seg_elems);
-  Wire wire_for(std::size_t unit, std::size_t seg_elems);
+  /// How a phase cuts a run of `unit` elements (the length the unsegmented
+  /// call would encode: the buffer, or the largest chunk): the segment length
+  /// (o.segment_bytes of payload, whole blocks, no longer than the run) and
+  /// the codec of a segment: the user's, or for top-k k=K one that keeps
+  /// K/unit of each segment.
+  Wire wire_for(std::size_t unit);
+  /// The same for uncompressed traffic (hierarchical inside a node): raw
+  /// floats on the host, the none codec's payloads on a device.
+  Wire fp32_wire(std::size_t unit);
   /// Elements per segment for payloads of `codec` (from o.segment_bytes).
   std::size_t segment_elems(const Codec& c, bool raw_floats) const;
   Group world() const;
