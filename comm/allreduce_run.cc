@@ -13,6 +13,15 @@ namespace gz::detail {
 
 bool payload_size_varies(const Codec& c);  // allreduce.cc
 
+namespace {
+
+// The default cut (o.segment_bytes == 0): at least this many segments per
+// run, of at least this many elements.
+constexpr std::size_t kMinSegments = 8;
+constexpr std::size_t kMinSegmentElems = std::size_t{1} << 16;
+
+}  // namespace
+
 Run::Run(const AllreduceOptions& opt)
     : Run(opt, opt.transport->size(), opt.transport->rank(), opt.transport->exact_sizes(),
           opt.transport->device_memory()) {
@@ -70,8 +79,14 @@ std::size_t Run::segment_elems(const Codec& c, bool raw_floats) const {
 
 Wire Run::wire_for(std::size_t unit) {
   // No segment longer than the run it cuts (slots and sums are sized by it).
+  // By default also at least kMinSegments of them, unless that makes them
+  // shorter than kMinSegmentElems: a well compressed payload of a large
+  // buffer is small on the wire, but encoding it is not, and a pipeline of
+  // one or two segments hides nothing.
   auto fit = [&](std::size_t seg_elems, std::size_t granule) {
-    return std::min(seg_elems, std::max(granule, align_up(unit, granule)));
+    if (o.segment_bytes == 0)
+      seg_elems = std::min(seg_elems, std::max(kMinSegmentElems, (unit + kMinSegments - 1) / kMinSegments));
+    return std::min(align_up(seg_elems, granule), std::max(granule, align_up(unit, granule)));
   };
   if (raw) return Wire{nullptr, true, fit(segment_elems(codec, true), 64)};
   Codec* c = &codec;
@@ -94,11 +109,13 @@ Wire Run::fp32_wire(std::size_t unit) {
   if (raw) return wire_for(unit);
   if (!ws.none_codec_) ws.none_codec_ = make_codec("none");
   const std::size_t seg_elems = std::min(segment_elems(*ws.none_codec_, false), std::max<std::size_t>(64, align_up(unit, 64)));
-  return Wire{ws.none_codec_.get(), false, seg_elems};
+  return Wire{ws.none_codec_.get(), false, seg_elems};  // fp32 segments are long on the wire already
 }
 
 Flight Run::start(std::span<const SendOp> sends, std::span<const RecvOp> recvs) {
-  for (const SendOp& s : sends) stats.wire_bytes += s.data.bytes;
+  const int node = topo.node[static_cast<std::size_t>(me)];
+  for (const SendOp& s : sends)
+    (topo.node[static_cast<std::size_t>(s.peer)] == node ? stats.local_bytes : stats.wire_bytes) += s.data.bytes;
   Flight f;
   f.start = Clock::now();
   f.x = t->start(sends, recvs, call);

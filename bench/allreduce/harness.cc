@@ -142,7 +142,7 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
     m.comm.allreduce(m.buffer(n), n, *codec, state, call);
   }
   double enc = 0, com = 0, dec = 0, tot = 0, wait = 0;
-  std::size_t wire = 0;
+  std::size_t wire = 0, local = 0;
   for (int i = 0; i < m.o.iters; ++i) {
     m.load(n);
     m.comm.transport().barrier(CallContext{m.o.device, m.stream, m.comm.timeout()});  // start together
@@ -153,13 +153,15 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
     tot += stats.total_s;
     wait += stats.wait_s;
     wire = std::max(wire, stats.wire_bytes);
+    local = std::max(local, stats.local_bytes);
   }
   const double k = 1e3 / m.o.iters;
   // The hidden share of each rank, then the least over ranks (as -max(-x)).
   const double compute = enc + dec;
   const double hidden = compute > 0 ? std::clamp((com - wait) / compute, 0.0, 1.0) : 0.0;
   const auto mx = m.max_over_ranks(
-      {enc * k, com * k, dec * k, tot * k, static_cast<double>(wire), wait * k, -hidden, static_cast<double>(stats.segments)});
+      {enc * k, com * k, dec * k, tot * k, static_cast<double>(wire), wait * k, -hidden, static_cast<double>(stats.segments),
+       static_cast<double>(local)});
   row.encode_ms = mx[0];
   row.comm_ms = mx[1];
   row.decode_ms = mx[2];
@@ -168,17 +170,19 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   row.wait_ms = mx[5];
   row.hidden = -mx[6];
   row.segments = static_cast<std::size_t>(mx[7]);
+  row.local_bytes = static_cast<std::size_t>(mx[8]);
 
   // The workspace: what the call laid out (its segments' slots and sums),
   // and the bound docs/comm.md promises: (P + 1) payloads of the whole buffer
-  // + n/P floats, with 256-byte alignment per slot, plus the codec's scratch.
-  const std::size_t C = codec->max_payload_bytes(n);
+  // + n/P floats, plus 6P slots of a segment (3 per member per segment in
+  // flight) and two segments' sums, plus the codec's scratch.
+  const std::size_t C = codec->max_payload_bytes(n), P_ = static_cast<std::size_t>(m.P);
+  const std::size_t segment = (m.o.segment_bytes ? m.o.segment_bytes : kDefaultSegmentBytes) + 256;
   const std::size_t codec_ws = codec->workspace_bytes(n, m.o.device);  // at most: segments are shorter
   row.workspace_bytes = AllreduceWorkspace::comm_bytes_for(*codec, n, m.P, m.me, row.algorithm, m.o.segment_bytes,
                                                            &m.comm.topology(), m.o.device) +
                         codec_ws;
-  row.workspace_bound = (static_cast<std::size_t>(m.P) + 1) * C + 4 * ((n + m.P - 1) / m.P) +
-                        256 * (6 * static_cast<std::size_t>(m.P) + 4) + codec_ws;
+  row.workspace_bound = (P_ + 1) * C + 4 * ((n + P_ - 1) / P_) + 6 * P_ * segment + 8 * segment + codec_ws;
   row.ok = row.identical && row.rel_error <= row.error_bound && row.workspace_bytes <= row.workspace_bound;
   if (!row.identical) row.note = "ranks disagree";
   else if (row.rel_error > row.error_bound) row.note = "error above bound";

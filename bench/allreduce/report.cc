@@ -54,7 +54,8 @@ void print_header(const Options& o, int ranks, const std::string& transport_desc
               o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes);
   std::printf("# machine: %s (%s %s, %s), %ld cpus   %s\n", host, u.sysname, u.release, cpu_model().c_str(),
               ::sysconf(_SC_NPROCESSORS_ONLN), date);
-  std::printf("# times: mean per call, max over ranks. wire: bytes one rank sends per call. ratio: fp32\n"
+  std::printf("# times: mean per call, max over ranks. wire: bytes one rank sends per call to other nodes\n"
+              "# (hierarchical: what crosses the slow links; its node-local fp32 traffic is not counted). ratio: fp32\n"
               "# baseline wire bytes / this row's. speedup: baseline total / this row's total, where the\n"
               "# baseline is the uncompressed fp32 allreduce (none, scatter_reduce) on the same transport.\n"
               "# The calls are pipelined (seg: segments per call), so enc + dec + comm > total: enc and dec\n"
@@ -81,7 +82,7 @@ bool print_footer(const std::vector<Row>& rows) {
   int failed = 0;
   for (const auto& r : rows) failed += r.ok ? 0 : 1;
   std::printf("#\n# rows: %zu   failed: %d   (checks: ranks bit-identical, error within the codec's bound,\n"
-              "#  workspace within (ranks + 1) payloads + n/ranks floats)\n# %s\n",
+              "#  workspace within (ranks + 1) payloads + n/ranks floats + 6 x ranks segments)\n# %s\n",
               rows.size(), failed, failed ? "FAILED" : "OK");
   std::fflush(stdout);
   return failed == 0;
@@ -93,6 +94,7 @@ std::string json_record(const Row& r) {
     << ", \"algorithm\": " << json_string(r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm))
     << ", \"transport\": " << json_string(r.transport) << ", \"ranks\": " << r.ranks
     << ", \"elements\": " << r.elements << ", \"wire_bytes_per_rank\": " << r.wire_bytes
+    << ", \"local_bytes_per_rank\": " << r.local_bytes
     << ", \"ratio\": " << num(r.ratio) << ", \"encode_ms\": " << num(r.encode_ms)
     << ", \"comm_ms\": " << num(r.comm_ms) << ", \"decode_ms\": " << num(r.decode_ms)
     << ", \"wait_ms\": " << num(r.wait_ms) << ", \"hidden\": " << num(r.hidden)

@@ -115,7 +115,8 @@ struct UcxTransport::Impl {
   [[noreturn]] void fail(const std::string& what);
   void cancel_all();
   void close_endpoints(bool force);
-  void idle(Clock::time_point deadline);
+  // Sleeps on the worker's event fd, at most max_ms.
+  void idle(Clock::time_point deadline, int max_ms);
   void* stage(std::size_t bytes);
   ~Impl();
 };
@@ -237,7 +238,7 @@ void UcxTransport::Impl::fail(const std::string& what) {
   GZ_THROW(IoError, "ucx rank ", rank, ": ", what);
 }
 
-void UcxTransport::Impl::idle(Clock::time_point deadline) {
+void UcxTransport::Impl::idle(Clock::time_point deadline, int max_ms) {
   if (efd < 0) {
     sched_yield();
     return;
@@ -248,10 +249,10 @@ void UcxTransport::Impl::idle(Clock::time_point deadline) {
     sched_yield();
     return;
   }
-  // Wake at least every 10 ms to check peers and the deadline.
+  // Wake at least every max_ms to check peers and the deadline.
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   pollfd p{efd, POLLIN, 0};
-  ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 0, 10)));
+  ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 0, max_ms)));
 }
 
 void UcxTransport::Impl::progress() {
@@ -490,7 +491,10 @@ void UcxTransport::wait(Exchange x) {
     if (progressed) {
       idle_rounds = 0;
     } else if (++idle_rounds > 64) {
-      m.idle(p.deadline);
+      // A send waiting for room (a full shared-memory FIFO) has no event to
+      // wake it: look again soon. Receives wake the fd.
+      const bool sending = std::any_of(p.ops.begin(), p.ops.end(), [](const Op& op) { return op.req && !op.recv; });
+      m.idle(p.deadline, sending ? 1 : 10);
     }
   }
 }
