@@ -27,6 +27,9 @@ Run::Run(const AllreduceOptions& opt)
           opt.transport->device_memory()) {
   t = opt.transport;
   call = CallContext{o.device, o.stream, o.timeout};
+  // Exchanges move the payload slots: device memory for a transport that
+  // takes it, else host (pinned, under CUDA) memory.
+  exchange_call = CallContext{device_memory ? o.device : Device::Cpu, o.stream, o.timeout};
 }
 
 Run::Run(const AllreduceOptions& opt, int ranks, int rank, bool exact_sizes, bool transport_device_memory)
@@ -118,7 +121,7 @@ Flight Run::start(std::span<const SendOp> sends, std::span<const RecvOp> recvs) 
     (topo.node[static_cast<std::size_t>(s.peer)] == node ? stats.local_bytes : stats.wire_bytes) += s.data.bytes;
   Flight f;
   f.start = Clock::now();
-  f.x = t->start(sends, recvs, call);
+  f.x = t->start(sends, recvs, exchange_call);
   f.live = true;
   return f;
 }

@@ -72,7 +72,8 @@ struct Run {
   Topology topo;           // o.topology or flat
   std::size_t seg = 0;     // elements per segment (the user codec's; phases may refine)
   bool raw = false;        // codec none on host buffers: no payloads
-  CallContext call;
+  CallContext call;           // the caller's buffers (synchronize)
+  CallContext exchange_call;  // the payload slots the exchanges move
   ExecContext exec;
   AllreduceStats stats;
   PhaseTimer timer;
