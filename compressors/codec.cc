@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/workspace.h"
 #include "compressors/wire_format.h"
+#include "kernels/cpu.h"
 
 #if GZ_HAVE_CUDA
 #include "common/cuda_check.h"
@@ -91,8 +92,8 @@ std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std
 namespace {
 
 // CPU sums decode this many elements of every payload before moving on, so
-// the output tile stays in cache while the payloads add into it.
-constexpr std::size_t kSumTile = 16384;
+// the tile stays in cache (L1 + L2) while the payloads add into it.
+constexpr std::size_t kSumTile = 4096;
 
 // The mode of payload j of m in a sum: the first overwrites, the last scales.
 Combine sum_mode(std::size_t j, std::size_t m, float scale) {
@@ -131,10 +132,13 @@ void Codec::decode_sum(std::span<const PayloadRef> payloads, float* out, std::si
   const std::size_t m = payloads.size();
   views_.clear();
   for (const PayloadRef& p : payloads) views_.push_back(view_cpu(p.data, p.bytes, n));  // all, before out
-  if (m == 1) return decode_cpu(views_[0], 0, n, out, sum_mode(0, 1, scale));
+  // Each tile of the sum is built in a buffer that stays in cache, then
+  // streamed to out: out is written once and never read.
+  tile_.resize(std::min(n, kSumTile));
   for (std::size_t b = 0; b < n; b += kSumTile) {
     const std::size_t e = std::min(n, b + kSumTile);
-    for (std::size_t j = 0; j < m; ++j) decode_cpu(views_[j], b, e, out, sum_mode(j, m, scale));
+    for (std::size_t j = 0; j < m; ++j) decode_cpu(views_[j], b, e, tile_.data(), sum_mode(j, m, scale));
+    kernels::cpu::stream_store(tile_.data(), e - b, out + b);
   }
 }
 

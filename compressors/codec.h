@@ -158,8 +158,8 @@ class Codec {
   /// capacity and EF (encode), or read and checked the header (decode).
   virtual EncodedBody encode_cpu(const float* grad, float* residual, std::size_t n, std::byte* body,
                                  const ExecContext& ctx) = 0;
-  /// Elements [begin, end) of a validated payload into out (indexed from the
-  /// payload's element 0), combined as `c` says.
+  /// Elements [begin, end) of a validated payload into out[0 .. end - begin),
+  /// combined as `c` says.
   virtual void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) = 0;
   /// Body checks beyond the header (top-k indices), before any decode_cpu of
   /// the call touches `out`. Throws PayloadError.
@@ -200,6 +200,7 @@ class Codec {
   CodecConfig config_;
   std::vector<std::byte> host_scratch_;
   std::vector<PayloadView> views_;  // decode_sum's validated payloads, reused
+  std::vector<float> tile_;         // decode_sum's tile on the CPU, reused
   // The codec's own device workspace (owned; cudaFree'd by the destructor).
   // Unused in a build without CUDA, where the layout stays the same.
   [[maybe_unused]] void* device_scratch_ = nullptr;

@@ -7,6 +7,7 @@
 // boundary, saturation and NaN case. (g++ does vectorize the portable loops,
 // but the 32->16-bit packing it emits is about a third slower.)
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -14,8 +15,10 @@
 #include "kernels/cpu.h"
 #include "kernels/error_feedback.h"
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__SSE2__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__)
 #define GZ_CPU_AVX2 1
 #endif
 
@@ -34,8 +37,9 @@ void copy_encode(const float* g, float* r, std::size_t n, float* out) {
 }
 
 void copy_decode(const float* in, std::size_t begin, std::size_t end, float* out, Combine c) {
+  const float* src = in + begin;
   with_combine(c, [&](auto acc, auto scaled) {
-    for (std::size_t i = begin; i < end; ++i) out[i] = combine<acc, scaled>(out[i], in[i], c.scale);
+    for (std::size_t i = 0; i < end - begin; ++i) out[i] = combine<acc, scaled>(out[i], src[i], c.scale);
   });
 }
 
@@ -45,19 +49,24 @@ void sum(const float* const* in, std::size_t m, std::size_t n, float scale, floa
   // once, and the running sum lives in `acc` (out may alias an input).
   constexpr std::size_t kTile = 2048;
   alignas(64) float acc[kTile];
-  const Combine last{true, scale};
   for (std::size_t b = 0; b < n; b += kTile) {
     const std::size_t len = std::min(kTile, n - b);
-    const float* first = in[0] + b;
-    if (m == 1) {
-      copy_decode(first, 0, len, acc, Combine{false, scale});
-    } else {
-      std::memcpy(acc, first, len * sizeof(float));
-      for (std::size_t j = 1; j + 1 < m; ++j) copy_decode(in[j] + b, 0, len, acc, Combine{});
-      copy_decode(in[m - 1] + b, 0, len, acc, last);
-    }
-    std::memcpy(out + b, acc, len * sizeof(float));
+    for (std::size_t j = 0; j < m; ++j)
+      copy_decode(in[j] + b, 0, len, acc, Combine{j > 0, j + 1 == m ? scale : 1.0f});
+    stream_store(acc, len, out + b);
   }
+}
+
+void stream_store(const float* src, std::size_t n, float* dst) {
+#if defined(__SSE2__)
+  std::size_t i = 0;
+  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 15u) != 0; ++i) dst[i] = src[i];
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+#else
+  if (n) std::memcpy(dst, src, n * sizeof(float));
+#endif
 }
 
 namespace {
@@ -190,14 +199,16 @@ void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out) {
 
 template <class Fmt>
 void cast_decode(const std::uint16_t* in, std::size_t begin, std::size_t end, float* out, Combine c) {
+  const std::uint16_t* src = in + begin;
+  const std::size_t n = end - begin;
   with_combine(c, [&](auto acc, auto scaled) {
 #if GZ_CPU_AVX2
     if constexpr (Lanes8<Fmt>::available) {
-      decode_avx2<Fmt, acc, scaled>(in, begin, end, out, c.scale);
+      decode_avx2<Fmt, acc, scaled>(src, 0, n, out, c.scale);
       return;
     }
 #endif
-    decode_portable<Fmt, acc, scaled>(in, begin, end, out, c.scale);
+    decode_portable<Fmt, acc, scaled>(src, 0, n, out, c.scale);
   });
 }
 

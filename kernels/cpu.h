@@ -5,10 +5,10 @@
 // Conventions, for every function here:
 //   - `g` is the gradient (n floats). `r` is the error-feedback residual (n
 //     floats, updated in place); pass nullptr to encode without feedback.
-//   - decode functions write elements [begin, end) of `out` (indexed like the
-//     payload's elements, from 0) as kernels/combine.h says: add into out or
+//   - decode functions decode elements [begin, end) of a payload into
+//     out[0 .. end - begin) as kernels/combine.h says: add into out or
 //     overwrite it, then scale. A sum of payloads decodes them tile by tile
-//     over short ranges (Codec::decode_sum).
+//     into a small buffer that stays in cache (Codec::decode_sum).
 //   - functions that need scratch memory take (void* ws, std::size_t& ws_bytes):
 //     with ws == nullptr they only store the size they need and return.
 #pragma once
@@ -25,12 +25,17 @@ namespace gz::kernels::cpu {
 // ---- none: fp32 as is ------------------------------------------------------
 /// out = g + r; r = 0 (nothing is lost).
 void copy_encode(const float* g, float* r, std::size_t n, float* out);
-/// out[i] = combine(out[i], in[i], c), i in [begin, end).
+/// out[i - begin] = combine(out[i - begin], in[i], c), i in [begin, end).
 void copy_decode(const float* in, std::size_t begin, std::size_t end, float* out, Combine c);
 /// out[i] = (in[0][i] + in[1][i] + ... + in[m-1][i]) * scale (the multiply
 /// only when scale != 1), i < n, the additions in that order; `out` may be one
-/// of the inputs. The uncompressed allreduce's reduction: one pass, m reads.
+/// of the inputs. The uncompressed allreduce's reduction: one pass, m reads,
+/// and out written without being read (stream_store).
 void sum(const float* const* in, std::size_t m, std::size_t n, float scale, float* out);
+/// dst[0..n) = src[0..n) with non-temporal stores where the CPU has them: a
+/// result that goes back to memory anyway is not first read into the cache
+/// (half of what writing it costs). Ends with a store fence.
+void stream_store(const float* src, std::size_t n, float* dst);
 
 // ---- fp16 / bf16 (Fmt = HalfFormat | BFloat16Format) -----------------------
 template <class Fmt>
@@ -63,8 +68,8 @@ inline std::size_t topk_sampled_min(std::size_t k) { return (k + 1) / 2; }
 inline std::size_t topk_sampled_max(std::size_t k) { return k + k / 2; }
 
 /// Elements [begin, end) of a payload of k entries (indices validated:
-/// strictly increasing) combined into out: named elements take their value,
-/// the others follow combine.h's rule for sparse payloads.
+/// strictly increasing) combined into out[0 .. end - begin): named elements
+/// take their value, the others follow combine.h's rule for sparse payloads.
 void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t begin, std::size_t end,
                  float* out, Combine c);
 

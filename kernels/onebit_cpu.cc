@@ -163,17 +163,20 @@ void encode(const float* g, float* r, std::size_t n, std::uint32_t block, Onebit
   }
 }
 
+// Bits lo..hi-1 of the word of elements base..base+31, into out, which
+// holds element `first` at out[0] (base + lo >= first).
 template <bool kAcc, bool kScaled>
 inline void decode_word(std::uint32_t word, std::size_t base, int lo, int hi, OnebitScales s, float scale,
-                        float* out) {
-  for (int b = lo; b < hi; ++b)
-    out[base + b] = combine<kAcc, kScaled>(out[base + b], onebit_value((word >> b) & 1u, s), scale);
+                        float* out, std::size_t first) {
+  for (int b = lo; b < hi; ++b) {
+    float& o = out[base + static_cast<std::size_t>(b) - first];
+    o = combine<kAcc, kScaled>(o, onebit_value((word >> b) & 1u, s), scale);
+  }
 }
 
 template <bool kAcc, bool kScaled>
-inline void decode_full_word(std::uint32_t word, std::size_t base, OnebitScales s, float scale, float* out) {
-  for (int b = 0; b < 32; ++b)
-    out[base + b] = combine<kAcc, kScaled>(out[base + b], onebit_value((word >> b) & 1u, s), scale);
+inline void decode_full_word(std::uint32_t word, OnebitScales s, float scale, float* o) {
+  for (int b = 0; b < 32; ++b) o[b] = combine<kAcc, kScaled>(o[b], onebit_value((word >> b) & 1u, s), scale);
 }
 
 template <bool kAcc, bool kScaled>
@@ -183,15 +186,15 @@ void decode(const OnebitScales* scales, const std::uint32_t* bits, std::uint32_t
     const std::size_t lo_i = std::max<std::size_t>(begin, b * block);
     const std::size_t hi_i = std::min<std::size_t>(end, (b + 1) * std::size_t{block});
     const OnebitScales s = scales[b];
-    for (std::size_t p = lo_i; p < hi_i; p += 16) __builtin_prefetch(out + p + kPrefetchAhead, 1);
+    for (std::size_t p = lo_i; p < hi_i; p += 16) __builtin_prefetch(out + (p - begin) + kPrefetchAhead, 1);
     for (std::size_t i = lo_i; i < hi_i;) {
       const std::size_t w = i / 32, base = w * 32;
       const int lo = static_cast<int>(i - base);
       const int hi = static_cast<int>(std::min<std::size_t>(hi_i - base, 32));
       if (lo == 0 && hi == 32)
-        decode_full_word<kAcc, kScaled>(bits[w], base, s, scale, out);
+        decode_full_word<kAcc, kScaled>(bits[w], s, scale, out + (base - begin));
       else
-        decode_word<kAcc, kScaled>(bits[w], base, lo, hi, s, scale, out);
+        decode_word<kAcc, kScaled>(bits[w], base, lo, hi, s, scale, out, begin);
       i = base + hi;
     }
   }

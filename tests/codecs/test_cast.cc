@@ -104,7 +104,7 @@ void expect_decode_matches_element_function(const std::vector<std::uint16_t>& in
     std::vector<float> old = test::normal(in.size(), 17, 1.0f);
     old[begin] = -0.0f;
     std::vector<float> out = old;
-    kernels::cpu::cast_decode<Fmt>(in.data(), begin, end, out.data(), c);
+    kernels::cpu::cast_decode<Fmt>(in.data(), begin, end, out.data() + begin, c);
     for (std::size_t i = 0; i < in.size(); ++i) {
       const float want = i < begin || i >= end ? old[i] : kernels::combine(old[i], Fmt::decode(in[i]), c);
       ASSERT_TRUE(test::same_float(out[i], want))
