@@ -17,18 +17,6 @@
 namespace gz::detail {
 namespace {
 
-// `count` slots of `bytes` each, for each segment in flight (`sets`).
-struct Slots {
-  std::byte* base = nullptr;
-  std::size_t stride = 0, per_set = 0;
-  Slots(Carve& c, std::size_t sets, std::size_t count, std::size_t bytes)
-      : stride(align_up(bytes, kWorkspaceAlign)), per_set(count) {
-    base = c.add<std::byte>(sets * count * stride);
-  }
-  std::byte* at(std::size_t set, std::size_t i) const { return base + (set * per_set + i) * stride; }
-  float* floats(std::size_t set, std::size_t i) const { return reinterpret_cast<float*>(at(set, i)); }
-};
-
 // Two segments in flight, or one when there is only one.
 std::size_t sets_for(std::size_t segments) { return std::min<std::size_t>(segments, 2); }
 
@@ -40,6 +28,33 @@ void expect_floats(std::size_t received, std::size_t count, int rank) {
 }
 
 }  // namespace
+
+Slots::Slots(Carve& c, std::size_t sets, std::size_t count, std::size_t bytes)
+    : stride(align_up(bytes, kWorkspaceAlign)), per_set(count) {
+  base = c.add<std::byte>(sets * count * stride);
+}
+
+void Run::sum_segment(const Group& g, const Wire& w, const Slots& slots, std::size_t set, const std::size_t* received,
+                      const float* own, std::size_t own_bytes, std::size_t count, std::size_t cap, float scale_by,
+                      float* target) {
+  const auto Pg = static_cast<std::size_t>(g.size()), m = static_cast<std::size_t>(g.me);
+  timer.begin();
+  if (w.raw) {
+    ws.inputs_.clear();
+    for (std::size_t i = 0; i < Pg; ++i) {
+      if (i != m) expect_floats(received[i], count, g.ranks[i]);
+      ws.inputs_.push_back(i == m ? own : slots.floats(set, i));
+    }
+    kernels::cpu::sum(ws.inputs_.data(), Pg, count, scale_by, target);
+  } else {
+    ws.payloads_.clear();
+    for (std::size_t i = 0; i < Pg; ++i)
+      ws.payloads_.push_back(
+          {slots.at(set, i), i == m ? own_bytes : payload_size(slots.at(set, i), received[i], cap)});
+    w.codec->decode_sum(ws.payloads_, target, count, scale_by, exec);
+  }
+  timer.end(&stats.decode_s);
+}
 
 void Run::flat(Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count,
                float scale_by, Carve& wire_carve, Carve& local) {
@@ -97,22 +112,8 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
     const std::size_t k = s % 2;
     const ChunkRange r = segment(count, w.seg, s);
     finish(flights[k]);
-    timer.begin();
-    if (w.raw) {
-      ws.inputs_.clear();
-      for (std::size_t i = 0; i < Pg; ++i) {
-        if (i != m) expect_floats(received(k, i), r.count, g.ranks[i]);
-        ws.inputs_.push_back(i == m ? buf + r.offset : slots.floats(k, i));
-      }
-      kernels::cpu::sum(ws.inputs_.data(), Pg, r.count, scale_by, buf + r.offset);
-    } else {
-      ws.payloads_.clear();
-      for (std::size_t i = 0; i < Pg; ++i)
-        ws.payloads_.push_back(
-            {slots.at(k, i), i == m ? received(k, m) : payload_size(slots.at(k, i), received(k, i), cap)});
-      w.codec->decode_sum(ws.payloads_, buf + r.offset, r.count, scale_by, exec);
-    }
-    timer.end(&stats.decode_s);
+    sum_segment(g, w, slots, k, &received(k, 0), buf + r.offset, received(k, m), r.count, cap, scale_by,
+                buf + r.offset);
   };
 
   try {
@@ -214,23 +215,11 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
     const ChunkRange r = seg_of(m, s);
     if (scatter) {
       finish(flights[k]);
-      float* target = half == Half::Both && !w.raw ? sums + k * w.seg : buf + r.offset;
-      const float sum_scale = half == Half::Both && !w.raw ? 1.0f : scale_by;
-      timer.begin();
-      if (w.raw) {
-        ws.inputs_.clear();
-        for (std::size_t i = 0; i < Pg; ++i) {
-          if (i != m) expect_floats(received(k, i), r.count, g.ranks[i]);
-          ws.inputs_.push_back(i == m ? buf + r.offset : B.floats(k, i));
-        }
-        kernels::cpu::sum(ws.inputs_.data(), Pg, r.count, sum_scale, target);
-      } else {
-        ws.payloads_.clear();
-        for (std::size_t i = 0; i < Pg; ++i)
-          ws.payloads_.push_back({B.at(k, i), i == m ? own_bytes[k] : payload_size(B.at(k, i), received(k, i), cap)});
-        w.codec->decode_sum(ws.payloads_, target, r.count, sum_scale, exec);
-      }
-      timer.end(&stats.decode_s);
+      // Into the chunk sum to compress again, or (raw, or a half) the
+      // buffer's own chunk, scaled: no second rounding.
+      const bool again = half == Half::Both && !w.raw;
+      sum_segment(g, w, B, k, &received(k, 0), buf + r.offset, own_bytes[k], r.count, cap, again ? 1.0f : scale_by,
+                  again ? sums + k * w.seg : buf + r.offset);
     }
     if (!gather) return;
     ConstSlice out{buf + r.offset, 4 * r.count};

@@ -41,6 +41,16 @@ inline ChunkRange segment(std::size_t count, std::size_t seg, std::size_t s) {
 }
 inline std::size_t segment_count(std::size_t count, std::size_t seg) { return (count + seg - 1) / seg; }
 
+/// `count` slots of `bytes` each, for each segment in flight (`sets`),
+/// carved in one piece.
+struct Slots {
+  std::byte* base = nullptr;
+  std::size_t stride = 0, per_set = 0;
+  Slots(Carve& c, std::size_t sets, std::size_t count, std::size_t bytes);
+  std::byte* at(std::size_t set, std::size_t i) const { return base + (set * per_set + i) * stride; }
+  float* floats(std::size_t set, std::size_t i) const { return reinterpret_cast<float*>(at(set, i)); }
+};
+
 /// One exchange in flight, and when it started.
 struct Flight {
   Transport::Exchange x;
@@ -107,6 +117,14 @@ struct Run {
   /// in place; Half::GatherOnly then gives every member every chunk.
   void scatter_reduce(const Group& g, float* buf, float* residual, float* server, std::size_t count, float scale,
                       Wire w, Carve& wire_carve, Carve& local, Half half = Half::Both);
+  /// Sums the members' contributions to one segment of `count` elements into
+  /// `target`, in member order (the first overwrites, the last scales): their
+  /// floats in `slots` (raw; this member's are `own`), or their payloads there
+  /// (this member's of `own_bytes`); `received` holds the bytes that arrived,
+  /// per member.
+  void sum_segment(const Group& g, const Wire& w, const Slots& slots, std::size_t set, const std::size_t* received,
+                   const float* own, std::size_t own_bytes, std::size_t count, std::size_t cap, float scale_by,
+                   float* target);
   /// The flat algorithm `a` over group g (dispatch of the two above).
   void flat(Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count, float scale,
             Carve& wire_carve, Carve& local);

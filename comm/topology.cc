@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <map>
 #include <optional>
 
@@ -13,11 +12,7 @@
 namespace gz {
 namespace {
 
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return std::nullopt;
-  return std::string(v);
-}
+std::optional<std::string> env(const char* name) { return env_value(name); }
 
 std::optional<long> env_long(const char* name) {
   const auto v = env(name);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <functional>
 #include <mutex>
 
 #include "comm/agreement.h"
@@ -183,6 +184,37 @@ TEST(Allreduce, WireBytesAndWorkspaceStayWithinTheBound) {
     }
 }
 
+// `steps` allreduces of `spec` on P threads, `configure` setting the rest of
+// the options; the relative error of rank 0's running sum of outputs
+// against the exact running sum, after `early` steps (into *at_early) and at
+// the end.
+double running_sum_error(int P, std::size_t n, int steps, const std::string& spec,
+                         const std::function<void(AllreduceOptions&)>& configure, int early = 0,
+                         double* at_early = nullptr) {
+  std::vector<double> got(n), want(n);
+  std::mutex mu;
+  const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
+    auto codec = make_codec(spec);
+    AllreduceWorkspace ws;
+    AllreduceState state;
+    for (int step = 0; step < steps; ++step) {
+      auto buf = make_input(r, n, step);
+      AllreduceOptions o;
+      o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
+      o.buffer = buf.data(); o.n = n; o.timeout = Timeout(20000);
+      configure(o);
+      allreduce(o);
+      if (r != 0) continue;
+      std::lock_guard lock(mu);
+      const auto ex = exact_sum(P, n, step);
+      for (std::size_t i = 0; i < n; ++i) got[i] += buf[i], want[i] += ex[i];
+      if (at_early && step + 1 == early) *at_early = rel_error(got, want);
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, nullptr) << what(e);
+  return rel_error(got, want);
+}
+
 // Error feedback: the running sum of the outputs tracks the running sum of
 // the exact results, however lossy one step is; also when the calls are cut
 // into segments (64-byte payloads: 3-4 segments here), where top-k selects
@@ -190,47 +222,23 @@ TEST(Allreduce, WireBytesAndWorkspaceStayWithinTheBound) {
 TEST(Allreduce, ErrorFeedbackConvergesToTheRunningSum) {
   const int P = 3, steps = 300, early = 100;
   const std::size_t n = 2000;
-  for (const char* spec : {"topk:density=0.01", "onebit"})
+  for (const std::string spec : {"topk:density=0.01", "onebit"})
     for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
-    for (std::size_t segment : {std::size_t{0}, std::size_t{64}}) {
-      std::array<double, 2> err{};
-      double err_early = 0;
-      for (int ef = 0; ef < 2; ++ef) {
-        const std::string s = std::string(spec) + (ef ? "" : (std::string(spec).find(':') == std::string::npos ? ":ef=off" : ",ef=off"));
-        std::vector<double> got_sum(n), exact_total(n);
-        std::mutex mu;
-        const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
-          auto codec = make_codec(s);
-          AllreduceWorkspace ws;
-          AllreduceState state;
-          for (int step = 0; step < steps; ++step) {
-            auto buf = make_input(r, n, step);
-            AllreduceOptions o;
-            o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-            o.buffer = buf.data(); o.n = n; o.algorithm = a; o.timeout = Timeout(20000);
-            o.segment_bytes = segment;
-            allreduce(o);
-            if (r == 0) {
-              std::lock_guard lock(mu);
-              const auto ex = exact_sum(P, n, step);
-              for (std::size_t i = 0; i < n; ++i) {
-                got_sum[i] += buf[i];
-                exact_total[i] += ex[i];
-              }
-              if (ef && step + 1 == early) err_early = rel_error(got_sum, exact_total);
-            }
-          }
-        });
-        for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
-        err[static_cast<std::size_t>(ef)] = rel_error(got_sum, exact_total);
+      for (std::size_t segment : {std::size_t{0}, std::size_t{64}}) {
+        SCOPED_TRACE(spec + " " + to_string(a) + " segment " + std::to_string(segment));
+        auto configure = [&](AllreduceOptions& o) {
+          o.algorithm = a;
+          o.segment_bytes = segment;
+        };
+        double err_early = 0;
+        const double with_ef = running_sum_error(P, n, steps, spec, configure, early, &err_early);
+        const double without = running_sum_error(P, n, steps, spec + (spec.find(':') == std::string::npos ? ":ef=off" : ",ef=off"), configure);
+        // With EF the running sum misses only what the residuals hold, which
+        // stays bounded: its relative error shrinks as the sum grows.
+        EXPECT_LT(with_ef, 0.3) << "with EF";
+        EXPECT_LT(with_ef, 0.6 * err_early) << "EF error must shrink over steps (" << err_early << " -> " << with_ef << ")";
+        EXPECT_LT(with_ef, 0.5 * without) << "EF must beat no EF (" << with_ef << " vs " << without << ")";
       }
-      SCOPED_TRACE(std::string(spec) + " " + to_string(a) + " segment " + std::to_string(segment));
-      // With EF the running sum misses only what the residuals hold, which
-      // stays bounded: its relative error shrinks as the sum grows.
-      EXPECT_LT(err[1], 0.3) << "with EF";
-      EXPECT_LT(err[1], 0.6 * err_early) << "EF error must shrink over steps (" << err_early << " -> " << err[1] << ")";
-      EXPECT_LT(err[1], 0.5 * err[0]) << "EF must beat no EF (" << err[1] << " vs " << err[0] << ")";
-    }
 }
 
 TEST(Allreduce, MismatchFailsOnEveryRankNamingIt) {
@@ -483,32 +491,14 @@ TEST(Hierarchical, LossyCodecsAreIdenticalWithinBoundAndNoWorseThanFlat) {
 }
 
 TEST(Hierarchical, ErrorFeedbackConvergesToTheRunningSum) {
-  const int P = 4, steps = 200;
-  const std::size_t n = 2000;
-  const Topology topo = Topology::blocks(P, 2);
+  const Topology topo = Topology::blocks(4, 2);
   for (const char* spec : {"onebit", "topk:density=0.01"}) {
-    std::vector<double> got(n), want(n);
-    std::mutex mu;
-    const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
-      auto codec = make_codec(spec);
-      AllreduceWorkspace ws;
-      AllreduceState state;
-      for (int step = 0; step < steps; ++step) {
-        auto buf = make_input(r, n, step);
-        AllreduceOptions o;
-        o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-        o.buffer = buf.data(); o.n = n; o.algorithm = Algorithm::Hierarchical; o.topology = &topo;
-        o.segment_bytes = 64; o.timeout = Timeout(20000);
-        allreduce(o);
-        if (r == 0) {
-          std::lock_guard lock(mu);
-          const auto ex = exact_sum(P, n, step);
-          for (std::size_t i = 0; i < n; ++i) got[i] += buf[i], want[i] += ex[i];
-        }
-      }
+    const double err = running_sum_error(4, 2000, 200, spec, [&](AllreduceOptions& o) {
+      o.algorithm = Algorithm::Hierarchical;
+      o.topology = &topo;
+      o.segment_bytes = 64;
     });
-    for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
-    EXPECT_LT(rel_error(got, want), 0.3) << spec;
+    EXPECT_LT(err, 0.3) << spec;
   }
 }
 

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
@@ -51,13 +52,13 @@ std::pair<double, std::string> split_unit(std::string_view s, const char* what) 
 
 // A child process of this launcher, in its own process group so that a
 // terminal's Ctrl-C (meant for the job) cannot kill it halfway through a
-// teardown. Output (stdout + stderr) is collected; the call is bounded.
-struct ToolResult {
-  int code = -1;
-  std::string output;
+// teardown; stdin from /dev/null, stdout and stderr into a pipe.
+struct Child {
+  pid_t pid = -1;
+  int out = -1;  // the pipe's read end
 };
 
-ToolResult run_tool(const std::vector<std::string>& argv, std::chrono::seconds timeout) {
+Child spawn(const std::vector<std::string>& argv) {
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   const pid_t pid = ::fork();
@@ -82,32 +83,49 @@ ToolResult run_tool(const std::vector<std::string>& argv, std::chrono::seconds t
   }
   ::setpgid(pid, pid);
   ::close(out[1]);
-  ToolResult r;
-  const auto deadline = Clock::now() + timeout;
-  bool timed_out = false;
-  for (;;) {
+  return Child{pid, out[0]};
+}
+
+// Appends what the child writes to `output` (up to 64 KiB) until `enough`
+// says so, the pipe closes, or the deadline passes (then returns false).
+bool read_output(int fd, Clock::time_point deadline, std::string& output,
+                 const std::function<bool(const std::string&)>& enough) {
+  while (!enough(output)) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{out[0], POLLIN, 0};
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
+    if (n <= 0) continue;  // EINTR, or nothing yet
     char buf[4096];
-    const ssize_t got = ::read(out[0], buf, sizeof buf);
+    const ssize_t got = ::read(fd, buf, sizeof buf);
     if (got > 0) {
-      if (r.output.size() < 65536) r.output.append(buf, static_cast<std::size_t>(got));
+      if (output.size() < 65536) output.append(buf, static_cast<std::size_t>(got));
     } else if (got == 0 || errno != EINTR) {
       break;
     }
   }
-  ::close(out[0]);
-  if (timed_out) ::kill(-pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  return true;
+}
+
+void reap(pid_t pid, int* status) {
+  while (::waitpid(pid, status, 0) < 0 && errno == EINTR) {
   }
+}
+
+// Runs a tool to its end (bounded); its exit code and output.
+struct ToolResult {
+  int code = -1;
+  std::string output;
+};
+
+ToolResult run_tool(const std::vector<std::string>& argv, std::chrono::seconds timeout) {
+  const Child c = spawn(argv);
+  ToolResult r;
+  const bool timed_out = !read_output(c.out, Clock::now() + timeout, r.output, [](const std::string&) { return false; });
+  ::close(c.out);
+  if (timed_out) ::kill(-c.pid, SIGKILL);
+  int status = 0;
+  reap(c.pid, &status);
   if (timed_out) {
     r.code = -1;
     r.output += "(killed after " + std::to_string(timeout.count()) + " s)";
@@ -124,61 +142,23 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// Starts a long-lived child (a node's namespace holder) in its own process
-// group and waits until it prints "ready". Returns its pid; throws with its
-// output when it exits or stays silent.
+// Starts a long-lived child (a node's namespace holder) and waits until it
+// prints "ready". Returns its pid; throws with its output when it exits or
+// stays silent.
 pid_t start_holder(const std::vector<std::string>& argv, std::chrono::seconds timeout) {
-  int out[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
-  }
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGHUP}) ::signal(sig, SIG_DFL);
-    const int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    ::dup2(out[1], 1);
-    ::dup2(out[1], 2);
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    ::execv(a[0], a.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", a[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);
-  ::close(out[1]);
+  const Child c = spawn(argv);
   std::string output;
-  const auto deadline = Clock::now() + timeout;
-  while (output.find("ready") == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    pollfd p{out[0], POLLIN, 0};
-    const int n = left > 0 ? ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000))) : 0;
-    if (n < 0 && errno == EINTR) continue;
-    char buf[512];
-    const ssize_t got = n > 0 ? ::read(out[0], buf, sizeof buf) : 0;
-    if (got > 0) {
-      output.append(buf, static_cast<std::size_t>(got));
-      continue;
-    }
-    if (n > 0 && got < 0 && errno == EINTR) continue;
-    if (n > 0 || left <= 0) {  // it exited (EOF), or the time is up
-      ::close(out[0]);
-      ::kill(-pid, SIGKILL);
-      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
-      throw std::runtime_error("could not set up a node's namespaces (" + join(argv) + "): " +
-                               (output.empty() ? std::string("no output") : output));
-    }
+  auto ready = [](const std::string& o) { return o.find("ready") != std::string::npos; };
+  read_output(c.out, Clock::now() + timeout, output, ready);
+  ::close(c.out);
+  if (!ready(output)) {
+    ::kill(-c.pid, SIGKILL);
+    reap(c.pid, nullptr);
+    throw std::runtime_error("could not set up a node's namespaces (" + join(argv) + "): " +
+                             (output.empty() ? std::string("no output") : output));
   }
-  ::close(out[0]);
-  return pid;
+  return c.pid;
 }
-
 
 std::string find_tool(const char* name) {
   std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
@@ -553,8 +533,7 @@ std::vector<std::string> NetnsPlacement::wrap(int rank, const std::vector<std::s
 void NetnsPlacement::teardown() {
   for (const int pid : holders_) {
     ::kill(-pid, SIGKILL);
-    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-    }
+    reap(pid, nullptr);
   }
   holders_.clear();
   // Ranks first, then the hub: deleting a rank's namespace takes its veth
