@@ -121,8 +121,8 @@ struct AllreduceStats {
   double comm_s = 0;     ///< with at least one exchange in flight
   double wait_s = 0;     ///< blocked waiting for an exchange: the comm not hidden
   double total_s = 0;
-  std::size_t wire_bytes = 0;   ///< payload bytes this rank sent to ranks on other nodes
-  std::size_t local_bytes = 0;  ///< payload bytes this rank sent to ranks on its own node
+  std::size_t wire_bytes = 0;    ///< payload bytes this rank sent to other ranks
+  std::size_t remote_bytes = 0;  ///< the part of wire_bytes sent to ranks on other nodes
   std::size_t segments = 0;     ///< pipeline steps (segments of the largest phase)
   bool agreed = false;         ///< this call ran the Store agreement
 };

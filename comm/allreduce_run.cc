@@ -117,8 +117,10 @@ Wire Run::fp32_wire(std::size_t unit) {
 
 Flight Run::start(std::span<const SendOp> sends, std::span<const RecvOp> recvs) {
   const int node = topo.node[static_cast<std::size_t>(me)];
-  for (const SendOp& s : sends)
-    (topo.node[static_cast<std::size_t>(s.peer)] == node ? stats.local_bytes : stats.wire_bytes) += s.data.bytes;
+  for (const SendOp& s : sends) {
+    stats.wire_bytes += s.data.bytes;
+    if (topo.node[static_cast<std::size_t>(s.peer)] != node) stats.remote_bytes += s.data.bytes;
+  }
   Flight f;
   f.start = Clock::now();
   f.x = t->start(sends, recvs, exchange_call);

@@ -16,8 +16,8 @@ struct Row {
   std::string transport;
   int ranks = 1;
   std::size_t elements = 0;
-  std::size_t wire_bytes = 0;      ///< bytes one rank sends per call to other nodes (max over ranks)
-  std::size_t local_bytes = 0;     ///< bytes one rank sends per call within its node (hierarchical)
+  std::size_t wire_bytes = 0;      ///< bytes one rank sends per call to other ranks (several nodes: other nodes)
+  std::size_t local_bytes = 0;     ///< several nodes: bytes one rank sends per call within its node
   double ratio = 0;                ///< fp32 baseline wire bytes / this row's
   double encode_ms = 0, comm_ms = 0, decode_ms = 0, total_ms = 0;  ///< mean per call, max over ranks
   double wait_ms = 0;              ///< blocked on the wire: the comm not hidden (mean, max over ranks)

@@ -54,8 +54,8 @@ void print_header(const Options& o, int ranks, const std::string& transport_desc
               o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes);
   std::printf("# machine: %s (%s %s, %s), %ld cpus   %s\n", host, u.sysname, u.release, cpu_model().c_str(),
               ::sysconf(_SC_NPROCESSORS_ONLN), date);
-  std::printf("# times: mean per call, max over ranks. wire: bytes one rank sends per call to other nodes\n"
-              "# (hierarchical: what crosses the slow links; its node-local fp32 traffic is not counted). ratio: fp32\n"
+  std::printf("# times: mean per call, max over ranks. wire: bytes one rank sends per call (with several\n"
+              "# nodes: to other nodes, what crosses the links; node-local traffic is not counted). ratio: fp32\n"
               "# baseline wire bytes / this row's. speedup: baseline total / this row's total, where the\n"
               "# baseline is the uncompressed fp32 allreduce (none, scatter_reduce) on the same transport.\n"
               "# The calls are pipelined (seg: segments per call), so enc + dec + comm > total: enc and dec\n"

@@ -177,7 +177,7 @@ nb::dict stats_dict(const gz::AllreduceStats& s) {
   d["total_s"] = s.total_s;
   d["segments"] = s.segments;
   d["wire_bytes"] = s.wire_bytes;
-  d["local_bytes"] = s.local_bytes;
+  d["remote_bytes"] = s.remote_bytes;
   d["agreed"] = s.agreed;
   return d;
 }
