@@ -83,16 +83,31 @@ def test_fp32_allreduce_over_100mbit_takes_the_link_time_and_is_exact(tmp_path: 
     print(f"fp32 allreduce {base['total_ms']:.0f} ms = {base['total_ms'] / bound_ms:.2f} x the link bound")
 
 
+def node_holders() -> set[int]:
+    """Processes that hold a node's namespaces (gradzip-run --ranks-per-node)."""
+    pids = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"infinity"]:
+                    pids.add(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
 def test_nodes_of_two_ranks_share_a_node_and_only_nodes_are_shaped(tmp_path: Path) -> None:
     # 2 nodes x 2 ranks at 100 Mbit/s. Each rank learns its node the torchrun
     # way; the nodes have their own host names. The flat fp32 allreduce then
     # moves 4n bytes per rank to the other node (2(P-1)/P x 4n, two thirds of
     # it remote), twice that through each node's link: it takes that link
     # time. The hierarchical one sends each shard across once.
+    holders_before = node_holders()
     r = subprocess.run([str(RUN), "-n", "4", "--ranks-per-node", "2", "--link", "100mbit", "--", "sh", "-c",
                         "echo where $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $GRADZIP_NODE $(cat /proc/sys/kernel/hostname)"],
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert node_holders() <= holders_before, "a node's namespace holder outlived the run"
     assert "emulated cluster: 2 nodes x 2 ranks" in r.stderr
     for rank in range(4):
         node = rank // 2
