@@ -9,9 +9,11 @@
 // rank posts the same exchanges in the same order, which is all the
 // transport's matching rule needs.
 #include <algorithm>
+#include <cstring>
 
 #include "comm/allreduce_run.h"
 #include "common/error.h"
+#include "compressors/wire_format.h"
 #include "kernels/cpu.h"
 
 namespace gz::detail {
@@ -56,14 +58,54 @@ void Run::sum_segment(const Group& g, const Wire& w, const Slots& slots, std::si
   timer.end(&stats.decode_s);
 }
 
+Wire Run::flat_wire(Algorithm a, int members, std::size_t unit_count) {
+  // allgather encodes the whole run; scatter_reduce its chunks, the first the largest.
+  return wire_for(a == Algorithm::Allgather ? unit_count : chunk_range(unit_count, members, 0).count);
+}
+
+std::size_t Run::flat_segments(Algorithm a, int members, std::size_t count, std::size_t seg) {
+  return segment_count(a == Algorithm::Allgather ? count : chunk_range(count, members, 0).count, seg);
+}
+
 void Run::flat(Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count,
-               float scale_by, Carve& wire_carve, Carve& local) {
-  if (a == Algorithm::Allgather) {
-    allgather(g, buf, residual, count, scale_by, wire_for(count), wire_carve);
-  } else {
-    const std::size_t chunk = chunk_range(count, g.size(), 0).count;  // the largest
-    scatter_reduce(g, buf, residual, server, count, scale_by, wire_for(chunk), wire_carve, local);
+               float scale_by, Carve& wire_carve, Carve& local, Slots* keep, std::size_t unit_count) {
+  const Wire w = flat_wire(a, g.size(), unit_count ? unit_count : count);
+  if (a == Algorithm::Allgather)
+    allgather(g, buf, residual, count, scale_by, w, wire_carve, keep);
+  else
+    scatter_reduce(g, buf, residual, server, count, scale_by, w, wire_carve, local, Half::Both, keep);
+}
+
+std::size_t Run::kept_size(const Wire& w, const std::byte* slot, std::size_t count, std::size_t cap) const {
+  if (!varies) return w.codec->max_payload_bytes(count);  // fixed-size payloads
+  std::byte head[wire::kHeaderBytes];  // the sender's header says
+  mem::to_host(head, slot, sizeof head, o.device, o.stream);
+  std::uint64_t body = 0;
+  std::memcpy(&body, head + 24, sizeof body);
+  return body <= cap - wire::kHeaderBytes ? wire::kHeaderBytes + body : cap;
+}
+
+void Run::decode_kept(Algorithm a, int members, const Wire& w, const Slots& kept, std::size_t count, float* buf,
+                      float scale_by) {
+  const auto N = static_cast<std::size_t>(members);
+  const std::size_t cap = w.codec->max_payload_bytes(w.seg);
+  const std::size_t S = flat_segments(a, members, count, w.seg);
+  timer.begin();
+  for (std::size_t s = 0; s < S; ++s) {
+    if (a == Algorithm::Allgather) {  // allgather's sum of every member's payload
+      const ChunkRange r = segment(count, w.seg, s);
+      ws.payloads_.clear();
+      for (std::size_t j = 0; j < N; ++j) ws.payloads_.push_back({kept.at(s, j), kept_size(w, kept.at(s, j), r.count, cap)});
+      w.codec->decode_sum(ws.payloads_, buf + r.offset, r.count, scale_by, exec);
+    } else {  // scatter_reduce's gather: each chunk's payload into its place
+      for (std::size_t j = 0; j < N; ++j) {
+        const ChunkRange c = chunk_range(count, members, static_cast<int>(j)), r = segment(c.count, w.seg, s);
+        const PayloadRef p{kept.at(s, j), kept_size(w, kept.at(s, j), r.count, cap)};
+        w.codec->decode_sum(std::span(&p, 1), buf + c.offset + r.offset, r.count, scale_by, exec);
+      }
+    }
   }
+  timer.end(&stats.decode_s);
 }
 
 // allgather
@@ -76,27 +118,30 @@ void Run::flat(Algorithm a, const Group& g, float* buf, float* residual, float* 
 // bits. Raw (fp32 on the host): the segment itself is sent and the received
 // floats summed with it in place. Traffic per rank: (P-1) payloads.
 void Run::allgather(const Group& g, float* buf, float* residual, std::size_t count, float scale_by, Wire w,
-                    Carve& wire_carve) {
+                    Carve& wire_carve, Slots* keep) {
   const auto Pg = static_cast<std::size_t>(g.size()), m = static_cast<std::size_t>(g.me);
   const std::size_t S = segment_count(count, w.seg);
   const std::size_t cap = w.raw ? 4 * w.seg : w.codec->max_payload_bytes(w.seg);
-  const Slots slots(wire_carve, sets_for(S), Pg, cap);
+  // Two slot sets reused by parity; or, to keep them, one per segment.
+  const Slots slots(wire_carve, keep ? S : sets_for(S), Pg, cap);
+  if (keep) *keep = slots;
+  auto set_of = [&](std::size_t s) { return keep ? s : s % 2; };
   stats.segments = std::max(stats.segments, S);
   if (wire_carve.sizing()) return;
 
   auto received = [&](std::size_t k, std::size_t i) -> std::size_t& { return ws.received_[k * Pg + i]; };
   Flight flights[2];
   auto post = [&](std::size_t s) {
-    const std::size_t k = s % 2;
+    const std::size_t k = s % 2, set = set_of(s);
     const ChunkRange r = segment(count, w.seg, s);
     ConstSlice out{buf + r.offset, 4 * r.count};
     if (!w.raw) {
       timer.begin();
-      const std::size_t bytes =
-          w.codec->encode(buf + r.offset, residual ? residual + r.offset : nullptr, r.count, slots.at(k, m), cap, exec);
+      const std::size_t bytes = w.codec->encode(buf + r.offset, residual ? residual + r.offset : nullptr, r.count,
+                                                slots.at(set, m), cap, exec);
       timer.end(&stats.encode_s);
       received(k, m) = bytes;
-      out = ConstSlice{slots.at(k, m), send_size(bytes, cap)};
+      out = ConstSlice{slots.at(set, m), send_size(bytes, cap)};
       before_send();
     }
     ws.sends_.clear();
@@ -104,7 +149,7 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
     for (std::size_t i = 0; i < Pg; ++i) {
       if (i == m) continue;
       ws.sends_.push_back({g.ranks[i], out});
-      ws.recvs_.push_back({g.ranks[i], Slice{slots.at(k, i), cap}, &received(k, i)});
+      ws.recvs_.push_back({g.ranks[i], Slice{slots.at(set, i), cap}, &received(k, i)});
     }
     flights[k] = start(ws.sends_, ws.recvs_);
   };
@@ -112,7 +157,7 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
     const std::size_t k = s % 2;
     const ChunkRange r = segment(count, w.seg, s);
     finish(flights[k]);
-    sum_segment(g, w, slots, k, &received(k, 0), buf + r.offset, received(k, m), r.count, cap, scale_by,
+    sum_segment(g, w, slots, set_of(s), &received(k, 0), buf + r.offset, received(k, m), r.count, cap, scale_by,
                 buf + r.offset);
   };
 
@@ -157,7 +202,7 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
 // chunk, scaled); Half::GatherOnly starts at step 2's send of the buffer's
 // own chunk. Hierarchical runs them apart, inside a node.
 void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* server, std::size_t count,
-                         float scale_by, Wire w, Carve& wire_carve, Carve& local, Half half) {
+                         float scale_by, Wire w, Carve& wire_carve, Carve& local, Half half, Slots* keep) {
   const auto Pg = static_cast<std::size_t>(g.size()), m = static_cast<std::size_t>(g.me);
   auto chunk = [&](std::size_t j) { return chunk_range(count, g.size(), static_cast<int>(j)); };
   const ChunkRange own = chunk(m);
@@ -167,7 +212,10 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
   // Raw needs room only for what it receives into a slot: the scatter's payloads.
   const Slots A(wire_carve, w.raw || !scatter ? 0 : sets, Pg, cap);
   const Slots B(wire_carve, scatter ? sets : 0, Pg, cap);
-  const Slots G(wire_carve, w.raw || !gather ? 0 : sets, Pg, cap);
+  // The gather's slots: two sets reused by parity; or, to keep them, one per segment.
+  const Slots G(wire_carve, w.raw || !gather ? 0 : keep ? S : sets, Pg, cap);
+  if (keep) *keep = G;
+  auto gset = [&](std::size_t s) { return keep ? s : s % 2; };
   float* sums = w.raw || half != Half::Both ? nullptr : local.add<float>(sets * w.seg);
   stats.segments = std::max(stats.segments, S);
   if (wire_carve.sizing()) return;
@@ -228,10 +276,10 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       const float* from = half == Half::Both ? sums + k * w.seg : buf + r.offset;
       float* ef = half == Half::Both && server ? server + (r.offset - own.offset) : nullptr;
       timer.begin();
-      const std::size_t bytes = w.codec->encode(from, ef, r.count, G.at(k, m), cap, exec);
+      const std::size_t bytes = w.codec->encode(from, ef, r.count, G.at(gset(s), m), cap, exec);
       timer.end(&stats.encode_s);
       received(2 + k, m) = bytes;
-      out = ConstSlice{G.at(k, m), send_size(bytes, cap)};
+      out = ConstSlice{G.at(gset(s), m), send_size(bytes, cap)};
       before_send();
     }
     ws.sends_.clear();
@@ -240,7 +288,7 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       if (j == m) continue;
       const ChunkRange rj = seg_of(j, s);
       ws.sends_.push_back({g.ranks[j], out});
-      ws.recvs_.push_back({g.ranks[j], w.raw ? Slice{buf + rj.offset, 4 * rj.count} : Slice{G.at(k, j), cap},
+      ws.recvs_.push_back({g.ranks[j], w.raw ? Slice{buf + rj.offset, 4 * rj.count} : Slice{G.at(gset(s), j), cap},
                            &received(2 + k, j)});
     }
     flights[2 + k] = start(ws.sends_, ws.recvs_);
@@ -259,8 +307,9 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
     timer.begin();
     for (std::size_t j = 0; j < Pg; ++j) {
       const ChunkRange r = seg_of(j, s);
-      const std::size_t bytes = j == m ? received(2 + k, m) : payload_size(G.at(k, j), received(2 + k, j), cap);
-      w.codec->decode(G.at(k, j), bytes, buf + r.offset, r.count, Combine{false, scale_by}, exec);
+      std::byte* slot = G.at(gset(s), j);
+      const PayloadRef p{slot, j == m ? received(2 + k, m) : payload_size(slot, received(2 + k, j), cap)};
+      w.codec->decode_sum(std::span(&p, 1), buf + r.offset, r.count, scale_by, exec);  // overwrite, scaled
     }
     timer.end(&stats.decode_s);
   };

@@ -46,6 +46,7 @@ inline std::size_t segment_count(std::size_t count, std::size_t seg) { return (c
 struct Slots {
   std::byte* base = nullptr;
   std::size_t stride = 0, per_set = 0;
+  Slots() = default;
   Slots(Carve& c, std::size_t sets, std::size_t count, std::size_t bytes);
   std::byte* at(std::size_t set, std::size_t i) const { return base + (set * per_set + i) * stride; }
   float* floats(std::size_t set, std::size_t i) const { return reinterpret_cast<float*>(at(set, i)); }
@@ -111,12 +112,14 @@ struct Run {
   // buf (residual: the worker EF state of those elements; server: the
   // server EF state of this member's chunk). Each takes its slots from
   // `wire_carve` (transport-visible memory) and `local` (chunk sums).
+  /// `keep` (hierarchical): the payloads of the last step stay, segment s of
+  /// member j at keep->at(s, j), to be passed to the node after.
   void allgather(const Group& g, float* buf, float* residual, std::size_t count, float scale, Wire w,
-                 Carve& wire_carve);
+                 Carve& wire_carve, Slots* keep = nullptr);
   /// Half::ReduceOnly leaves member j with the sum of chunk j (times scale)
   /// in place; Half::GatherOnly then gives every member every chunk.
   void scatter_reduce(const Group& g, float* buf, float* residual, float* server, std::size_t count, float scale,
-                      Wire w, Carve& wire_carve, Carve& local, Half half = Half::Both);
+                      Wire w, Carve& wire_carve, Carve& local, Half half = Half::Both, Slots* keep = nullptr);
   /// Sums the members' contributions to one segment of `count` elements into
   /// `target`, in member order (the first overwrites, the last scales): their
   /// floats in `slots` (raw; this member's are `own`), or their payloads there
@@ -126,11 +129,25 @@ struct Run {
                    const float* own, std::size_t own_bytes, std::size_t count, std::size_t cap, float scale_by,
                    float* target);
   /// The flat algorithm `a` over group g (dispatch of the two above).
+  /// Segments and codec are chosen for `unit_count` elements (0: count):
+  /// the same for every shard of a node in hierarchical.
   void flat(Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count, float scale,
-            Carve& wire_carve, Carve& local);
+            Carve& wire_carve, Carve& local, Slots* keep = nullptr, std::size_t unit_count = 0);
+  /// How `a` over `members` ranks cuts `unit_count` elements (flat's choice).
+  Wire flat_wire(Algorithm a, int members, std::size_t unit_count);
+  /// Segments of a member's run of `count` elements under `a` (flat's).
+  static std::size_t flat_segments(Algorithm a, int members, std::size_t count, std::size_t seg);
+  /// Decodes what flat kept of a run of `count` elements into buf (as its
+  /// owner decoded it): `kept` holds flat_segments sets of `members` payloads.
+  void decode_kept(Algorithm a, int members, const Wire& w, const Slots& kept, std::size_t count, float* buf,
+                   float scale);
+  /// Bytes of a kept payload of a segment of `count` elements at `slot`.
+  std::size_t kept_size(const Wire& w, const std::byte* slot, std::size_t count, std::size_t cap) const;
 
   // allreduce_hierarchical.cc
   void hierarchical(Carve& wire_carve, Carve& local);
+  void share_with_node(const Group& node, Algorithm inner, int N, const Slots& kept, std::size_t largest_shard,
+                       Carve& wire_carve);
 
   // Shared pieces.
   /// How a phase cuts a run of `unit` elements (the length the unsegmented
