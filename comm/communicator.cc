@@ -62,7 +62,18 @@ std::unique_ptr<Communicator> Communicator::create(TransportKind kind, std::shar
   }
 #endif
   (void)local_rank;
-  Topology topology = discover_topology(*prefixed, rank, world_size, options.timeout);
+  Topology topology;
+  try {
+    topology = discover_topology(*prefixed, rank, world_size, options.timeout);
+  } catch (const InvalidArgument&) {
+    // Every rank fails alike; wait (bounded) until all have read the Store,
+    // which rank 0 hosts, before any leaves.
+    try {
+      transport->barrier(CallContext{Device::Cpu, nullptr, std::min(options.timeout, Timeout(10000))});
+    } catch (...) {
+    }
+    throw;
+  }
   return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options, std::move(topology));
 }
 

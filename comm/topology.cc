@@ -85,28 +85,43 @@ std::string node_name_from_env(int rank) {
 }
 
 Topology discover_topology(Store& store, int rank, int size, Timeout timeout) {
+  // Each rank publishes its node's name and what its launcher says of the
+  // node's size; every rank checks every claim, so all fail alike.
   std::string mine = node_name_from_env(rank);
   if (mine.size() > kMaxName) mine.resize(kMaxName);
-  store.set("topology/" + std::to_string(rank), mine);
+  std::string claim;
+  for (const char* var : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+    if (const auto said = env_long(var); said && claim.empty()) claim = std::string(var) + "=" + std::to_string(*said);
+  store.set("topology/" + std::to_string(rank), mine + "\n" + claim);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back("topology/" + std::to_string(r));
   store.wait(keys, timeout);
   Topology t;
+  std::vector<std::string> names, claims;
   std::map<std::string, int> index;  // name -> node number, in order of first rank
   for (int r = 0; r < size; ++r) {
-    std::string name = store.get(keys[static_cast<std::size_t>(r)], timeout);
-    if (name.size() > kMaxName) GZ_THROW(IoError, "topology: rank ", r, " published a node name of ", name.size(), " bytes");
-    const auto [it, fresh] = index.emplace(std::move(name), static_cast<int>(index.size()));
+    const std::string value = store.get(keys[static_cast<std::size_t>(r)], timeout);
+    const auto nl = value.find('\n');
+    if (value.size() > 2 * kMaxName || nl == std::string::npos)
+      GZ_THROW(IoError, "topology: rank ", r, " published a malformed node record (", value.size(), " bytes)");
+    names.push_back(value.substr(0, nl));
+    claims.push_back(value.substr(nl + 1));
+    const auto [it, fresh] = index.emplace(names.back(), static_cast<int>(index.size()));
     t.node.push_back(it->second);
   }
-  // What the launcher says about this rank's node must match what was found.
-  const int found = static_cast<int>(t.members(t.node[static_cast<std::size_t>(rank)]).size());
-  for (const char* var : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-    const auto said = env_long(var);
-    if (said && *said != found)
-      GZ_THROW(InvalidArgument, "topology: ", var, "=", *said, " but ", found, " rank(s) share this rank's node ('",
-               mine, "'); set GRADZIP_NODE to name each rank's node");
+  // What each launcher says of its rank's node must match what was found.
+  std::string problems;
+  for (int r = 0; r < size; ++r) {
+    const std::string& c = claims[static_cast<std::size_t>(r)];
+    if (c.empty()) continue;
+    const int found = static_cast<int>(t.members(t.node[static_cast<std::size_t>(r)]).size());
+    if (c.substr(c.find('=') + 1) != std::to_string(found))
+      problems += "\n  rank " + std::to_string(r) + ": " + c + " but " + std::to_string(found) +
+                  " rank(s) share its node ('" + names[static_cast<std::size_t>(r)] + "')";
   }
+  if (!problems.empty())
+    GZ_THROW(InvalidArgument, "topology: the launcher's node sizes contradict the node names (set GRADZIP_NODE "
+                              "to name each rank's node):", problems);
   return t;
 }
 

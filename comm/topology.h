@@ -12,9 +12,10 @@
 //   RANK - LOCAL_RANK                  when LOCAL_RANK and LOCAL_WORLD_SIZE are
 //                                      set and ranks are numbered node by node
 //   the host name                      otherwise
-// LOCAL_WORLD_SIZE (or OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE),
-// when set, must match the size of the rank's node as discovered; a mismatch
-// is an InvalidArgument naming both (a launcher and the names disagree).
+// LOCAL_WORLD_SIZE (or OMPI_COMM_WORLD_LOCAL_SIZE), when set, must match the
+// size of the rank's node as discovered; every rank checks every rank's, so
+// a mismatch is the same InvalidArgument on every rank, naming the ranks (a
+// launcher and the names disagree).
 #pragma once
 
 #include <string>
@@ -46,8 +47,9 @@ struct Topology {
 };
 
 /// Collective over `size` ranks: learns every rank's node through the Store
-/// (keys "topology/<rank>"). Throws InvalidArgument when LOCAL_WORLD_SIZE
-/// contradicts what was found, IoError when a rank never answers.
+/// (keys "topology/<rank>"). Throws InvalidArgument on every rank when a
+/// rank's LOCAL_WORLD_SIZE contradicts what was found, IoError when a rank
+/// never answers.
 Topology discover_topology(Store& store, int rank, int size, Timeout timeout);
 
 /// This rank's node name as discovery uses it (from the environment, see above).

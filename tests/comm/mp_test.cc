@@ -249,7 +249,8 @@ TEST(MpHierarchical, ContradictoryLocalSizeIsRefused) {
   }, o);
   for (const auto& r : res) {
     EXPECT_EQ(r.exit_code, kInvalidArgument) << describe(res);
-    EXPECT_NE(r.output.find("LOCAL_WORLD_SIZE=2 but 3 rank(s)"), std::string::npos) << describe(res);
+    EXPECT_NE(r.output.find("rank 1: LOCAL_WORLD_SIZE=2 but 3 rank(s) share its node"), std::string::npos)
+        << describe(res);
   }
 }
 
