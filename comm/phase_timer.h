@@ -36,7 +36,7 @@ class PhaseTimer {
   Device device_ = Device::Cpu;
   Stream stream_ = nullptr;
   std::chrono::steady_clock::time_point t0_;
-  void* open_ = nullptr;  // CUDA: the start event of the open region
+  [[maybe_unused]] void* open_ = nullptr;  // CUDA: the start event of the open region (unused without CUDA)
   std::vector<Region> regions_;
 };
 
