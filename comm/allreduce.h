@@ -10,50 +10,69 @@
 //   o.buffer = grad; o.n = n; o.op = gz::ReduceOp::Average;
 //   gz::allreduce(o);                   // grad now holds the average, on every rank
 //
+// Pipelined: every algorithm cuts the buffer into segments (a few hundred
+// KiB to a few MiB of payload each; AllreduceOptions::segment_bytes) and
+// keeps two in flight: while segment s crosses the wire, segment s+1 is
+// encoded and segment s-1 decoded, so the CPU (or GPU) work hides behind the
+// transfers instead of adding to them (docs/comm.md).
+//
 // Constraints:
-//   - Collective: every rank calls with the same codec spec, n, algorithm and
-//     op, and the calls on one transport come in the same order on every rank.
-//     The first call on a state (and any call whose signature differs from the
-//     last one agreed) checks this through the Store; a mismatch throws
-//     InvalidArgument on every rank, naming the ranks and values that differ.
+//   - Collective: every rank calls with the same codec spec, n, algorithm,
+//     op and segment size, and the calls on one transport come in the same
+//     order on every rank. The first call on a state (and any call whose
+//     signature differs from the last one agreed) checks this through the
+//     Store; a mismatch throws InvalidArgument on every rank, naming the ranks
+//     and values that differ.
 //   - Deterministic: every rank ends with bit-identical results (all decode the
-//     same payloads in the same rank order).
+//     same payloads in the same rank order). For none, fp16, bf16 and onebit
+//     (segments on block boundaries) the result does not depend on the
+//     segment size either; top-k selects per segment (docs/comm.md).
 //   - In place: `buffer` is read, then overwritten with the result.
 //   - Memory: buffers are allocated on the first call (or when a larger call
 //     comes) and reused; see AllreduceWorkspace::bytes().
 //   - Device::Cuda: buffer, EF state and workspace are device memory; work is
 //     queued on `stream` and the call returns when the result is complete.
 //   - Errors: InvalidArgument (bad input, mismatched ranks, mismatched state),
-//     PayloadError (a peer sent a malformed payload), IoError (a peer died or
-//     timed out: rebuild the transport).
+//     PayloadError (a peer sent a malformed payload: the transport is aborted,
+//     as the collective cannot finish), IoError (a peer died or timed out:
+//     rebuild the transport).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "comm/memory.h"
 #include "comm/store/store.h"
+#include "comm/topology.h"
 #include "comm/transport.h"
 #include "compressors/codec.h"
 
 namespace gz {
 
+namespace detail {
+struct Run;
+}
+
 enum class ReduceOp : std::uint8_t { Sum = 0, Average = 1 };
 
 /// Allgather: every rank's whole payload to every rank. ScatterReduce:
 /// compressed reduce-scatter, then a compressed allgather of the chunk sums.
+/// Hierarchical: fp32 reduce-scatter inside each node, a compressed allreduce
+/// of each shard across the nodes, fp32 allgather inside each node.
 /// Auto: see resolve_algorithm().
-enum class Algorithm : std::uint8_t { Auto = 0, Allgather = 1, ScatterReduce = 2 };
+enum class Algorithm : std::uint8_t { Auto = 0, Allgather = 1, ScatterReduce = 2, Hierarchical = 3 };
 
 const char* to_string(ReduceOp op);
 const char* to_string(Algorithm a);
 /// "sum" | "avg"/"average"; throws InvalidArgument listing the choices.
 ReduceOp parse_reduce_op(std::string_view s);
-/// "auto" | "allgather" | "scatter_reduce"; throws InvalidArgument.
+/// "auto" | "allgather" | "scatter_reduce" | "hierarchical"; throws InvalidArgument.
 Algorithm parse_algorithm(std::string_view s);
 
 /// What Auto runs for `codec` on `ranks` ranks:
@@ -65,6 +84,16 @@ Algorithm parse_algorithm(std::string_view s);
 ///     what the first kept;
 ///   - scatter_reduce otherwise: 2(P-1)/P payloads per rank instead of P-1.
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks);
+/// The same with the ranks' nodes known: Auto runs hierarchical when there are
+/// several nodes of the same size, several ranks each (the local traffic then
+/// moves uncompressed over the fast path, and only the shards cross the slow
+/// links, compressed); otherwise the rule above over all ranks. An explicit
+/// Hierarchical needs nodes of one size (else InvalidArgument).
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const Topology& topology);
+
+/// Payload bytes of one pipeline segment when AllreduceOptions::segment_bytes
+/// is 0: about 1 MiB (measured, docs/comm.md).
+inline constexpr std::size_t kDefaultSegmentBytes = std::size_t{1} << 20;
 
 /// Chunk j of a buffer of n elements split over `ranks` ranks: the first
 /// n % ranks chunks have one element more. Empty chunks are fine (n < ranks).
@@ -80,16 +109,27 @@ ChunkRange chunk_range(std::size_t n, int ranks, int j);
 /// feedback then drives the running sum toward the exact one over steps.
 double allreduce_error_bound(const CodecConfig& codec);
 
-/// Time spent in each phase of the last call on this rank, and bytes sent.
+/// Where the time of the last call on this rank went, and bytes sent.
+/// encode and decode overlap the transfers, so the parts add up to more
+/// than total: hidden = comm - wait is the compute that ran while bytes
+/// moved. On CUDA encode and decode are GPU time (events); with NCCL the
+/// waits are on the device, so comm and wait are not seen from the host.
 struct AllreduceStats {
   Algorithm algorithm = Algorithm::Auto;  ///< what ran
-  double encode_s = 0, comm_s = 0, decode_s = 0, total_s = 0;
-  std::size_t wire_bytes = 0;  ///< payload bytes this rank sent to other ranks
+  double encode_s = 0;   ///< in the codec's encode (error feedback included)
+  double decode_s = 0;   ///< in decoding and summing payloads (fp32: the sums)
+  double comm_s = 0;     ///< with at least one exchange in flight
+  double wait_s = 0;     ///< blocked waiting for an exchange: the comm not hidden
+  double total_s = 0;
+  std::size_t wire_bytes = 0;    ///< payload bytes this rank sent to other ranks
+  std::size_t remote_bytes = 0;  ///< the part of wire_bytes sent to ranks on other nodes
+  std::size_t segments = 0;     ///< pipeline steps (segments of the largest phase)
   bool agreed = false;         ///< this call ran the Store agreement
 };
 
 /// Error-feedback state of one gradient buffer: the worker residual (n
-/// floats) and, for scatter_reduce, the server residual of this rank's chunk.
+/// floats; hierarchical: this rank's shard) and, for scatter_reduce, the
+/// server residual of this rank's chunk.
 /// Created as zeros on first use, in the buffer's memory (host or CUDA);
 /// persistent across calls; bound from then on to one layout (codec spec, n,
 /// rank, world size, algorithm). save()/restore() carry it across a
@@ -124,10 +164,14 @@ class AllreduceState {
     std::uint64_t worker_count = 0, server_count = 0;  ///< residual floats
     bool operator==(const Layout&) const = default;
   };
+  /// The residual floats a call needs: worker and server.
+  static std::pair<std::uint64_t, std::uint64_t> residual_counts(const CodecConfig& codec, std::uint64_t n,
+                                                                 int rank, int world, Algorithm algorithm,
+                                                                 const Topology* topology);
   const std::optional<Layout>& layout() const { return layout_; }
 
  private:
-  friend struct AllreduceRun;
+  friend struct detail::Run;
   std::optional<Layout> layout_;
   Device device_ = Device::Cpu;
   Buffer worker_, server_;
@@ -139,42 +183,57 @@ class AllreduceState {
     std::uint64_t n = 0;
     Algorithm algorithm = Algorithm::Auto;
     ReduceOp op = ReduceOp::Sum;
+    std::size_t segment = 0;
+    std::string topology;
   };
   std::optional<Agreed> agreed_;
   std::uint64_t agreed_context_ = 0;  // which workspace/transport agreed
 };
 
-/// Scratch shared by every allreduce on one transport: payload slots, the
-/// chunk sum and the codec's workspace, grown to the largest call and reused;
-/// and the count of agreements made (the same on every rank), which names the
-/// Store keys of the next one. One call at a time.
+/// Scratch shared by every allreduce on one transport: payload slots for the
+/// segments in flight, the chunk sums and the codec's workspace, grown to the
+/// largest call and reused; and the count of agreements made (the same on
+/// every rank), which names the Store keys of the next one. One call at a time.
 class AllreduceWorkspace {
  public:
   AllreduceWorkspace();
+  ~AllreduceWorkspace();
   AllreduceWorkspace(const AllreduceWorkspace&) = delete;
   AllreduceWorkspace& operator=(const AllreduceWorkspace&) = delete;
 
-  /// Payload slots + chunk sum (the part bounded by (P+1) payloads + n/P floats).
+  /// Payload slots and chunk sums.
   std::size_t comm_bytes() const { return slots_.capacity() + sum_.capacity(); }
   /// The codec's own scratch.
   std::size_t codec_bytes() const { return codec_ws_.capacity() + status_.capacity(); }
   std::size_t bytes() const { return comm_bytes() + codec_bytes(); }
 
-  /// The comm bytes a call needs: what bytes() grows to (for reports and
-  /// tests of the bound).
-  static std::size_t comm_bytes_for(const Codec& codec, std::size_t n, int ranks, int rank, Algorithm algorithm);
+  /// The comm bytes a call needs: what comm_bytes() grows to (for reports and
+  /// tests of the bound). For codec none on the CPU the payloads are the
+  /// floats themselves (no copy), so only the receives need slots.
+  static std::size_t comm_bytes_for(const Codec& codec, std::size_t n, int ranks, int rank, Algorithm algorithm,
+                                    std::size_t segment_bytes = 0, const Topology* topology = nullptr,
+                                    Device device = Device::Cpu);
 
  private:
-  friend struct AllreduceRun;
+  friend struct detail::Run;
   Device device_ = Device::Cpu;
+  MemoryKind slot_kind_ = MemoryKind::Host;
   Buffer slots_, sum_, codec_ws_;
   Buffer status_;  // CUDA: the decodes' PayloadStatus (checked once per phase, not per decode)
   std::uint64_t id_;
   std::uint64_t agreements_ = 0;
-  // Per-call tables, sized once per world size.
-  std::vector<Slice> recv_;
-  std::vector<ConstSlice> send_;
+  // Top-k with k=K cut into segments: each segment selects at the spec's
+  // rate (K / n), as this codec (docs/comm.md). Made on first use.
+  std::unique_ptr<Codec> segment_codec_;
+  std::unique_ptr<Codec> none_codec_;  // hierarchical on a device: the node's fp32 payloads
+  // Per-call tables, sized once per world size: the ops of one exchange, the
+  // bytes received per slot (one row per segment in flight), payloads and
+  // inputs of one sum.
+  std::vector<SendOp> sends_;
+  std::vector<RecvOp> recvs_;
   std::vector<std::size_t> received_;
+  std::vector<PayloadRef> payloads_;
+  std::vector<const float*> inputs_;
 };
 
 struct AllreduceOptions {
@@ -190,7 +249,14 @@ struct AllreduceOptions {
   Device device = Device::Cpu;
   Stream stream = nullptr;              ///< CUDA stream (Device::Cuda)
   Timeout timeout = default_timeout();  ///< for every wait of the call
-  AllreduceStats* stats = nullptr;      ///< [out] optional; timing syncs the stream at phase ends
+  /// Payload bytes per pipeline segment (0: kDefaultSegmentBytes). Rounded to
+  /// whole elements (onebit: whole blocks); at least one block of 64
+  /// elements; the same on every rank.
+  std::size_t segment_bytes = 0;
+  /// The ranks' nodes (Hierarchical, and Auto's choice); null: every rank a
+  /// node of its own. The same on every rank (Communicator discovers it).
+  const Topology* topology = nullptr;
+  AllreduceStats* stats = nullptr;      ///< [out] optional
 };
 
 /// Runs one compressed allreduce; see the top of this file.

@@ -120,7 +120,8 @@ void AllreduceState::restore(std::string_view saved) {
   l.rank = read<std::uint32_t>(in, "rank");
   l.world = read<std::uint32_t>(in, "world size");
   const auto algo = read<std::uint8_t>(in, "algorithm");
-  if (algo != static_cast<std::uint8_t>(Algorithm::Allgather) && algo != static_cast<std::uint8_t>(Algorithm::ScatterReduce))
+  if (algo != static_cast<std::uint8_t>(Algorithm::Allgather) && algo != static_cast<std::uint8_t>(Algorithm::ScatterReduce) &&
+      algo != static_cast<std::uint8_t>(Algorithm::Hierarchical))
     malformed("unknown algorithm " + std::to_string(int{algo}));
   l.algorithm = static_cast<Algorithm>(algo);
   l.worker_count = read<std::uint64_t>(in, "worker count");
@@ -129,10 +130,13 @@ void AllreduceState::restore(std::string_view saved) {
   if (l.n > wire::kMaxCount) malformed("n = " + std::to_string(l.n) + " is over the format's limit");
   if (l.world == 0 || l.world > kMaxWorld || l.rank >= l.world)
     malformed("rank " + std::to_string(l.rank) + " of world size " + std::to_string(l.world) + " is not valid");
-  const std::uint64_t want_worker = cfg.ef ? l.n : 0;
-  const std::uint64_t want_server =
-      cfg.ef && l.algorithm == Algorithm::ScatterReduce ? chunk_range(l.n, static_cast<int>(l.world), static_cast<int>(l.rank)).count : 0;
-  if (l.worker_count != want_worker || l.server_count != want_server)
+  // Hierarchical residuals depend on the nodes, which the saved state does
+  // not hold: the first call checks them against its layout.
+  const bool nodes = l.algorithm == Algorithm::Hierarchical;
+  const auto [want_worker, want_server] = AllreduceState::residual_counts(
+      cfg, l.n, static_cast<int>(l.rank), static_cast<int>(l.world), nodes ? Algorithm::Allgather : l.algorithm, nullptr);
+  if (nodes ? l.worker_count > want_worker || l.server_count > l.worker_count
+            : l.worker_count != want_worker || l.server_count != want_server)
     malformed("residual sizes do not match its layout");
   if (in.left() != 4 * (l.worker_count + l.server_count))
     malformed("it has " + std::to_string(in.left()) + " bytes of residuals, expected " +
@@ -161,18 +165,5 @@ void AllreduceState::reset() {
 }
 
 AllreduceWorkspace::AllreduceWorkspace() : id_(next_workspace_id++) {}
-
-std::size_t AllreduceWorkspace::comm_bytes_for(const Codec& codec, std::size_t n, int ranks, int rank,
-                                               Algorithm algorithm) {
-  const auto P = static_cast<std::size_t>(ranks);
-  algorithm = resolve_algorithm(algorithm, codec.config(), ranks);
-  if (algorithm == Algorithm::Allgather) return P * align_up(codec.max_payload_bytes(n), kWorkspaceAlign);
-  std::size_t bytes = 0;
-  for (int j = 0; j < ranks; ++j) bytes += align_up(codec.max_payload_bytes(chunk_range(n, ranks, j).count), kWorkspaceAlign);
-  const std::size_t mine = chunk_range(n, ranks, rank).count;
-  bytes += P * align_up(codec.max_payload_bytes(mine), kWorkspaceAlign);
-  bytes += align_up(4 * mine, kWorkspaceAlign);
-  return bytes;
-}
 
 }  // namespace gz

@@ -97,13 +97,28 @@ std::unique_ptr<Communicator> Communicator::assemble([[maybe_unused]] TransportK
     transport = std::make_unique<NcclTransport>(*prefixed, rank, world_size, device, options.timeout);
   }
 #endif
-  return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options);
+  Topology topology;
+  try {
+    topology = discover_topology(*prefixed, rank, world_size, options.timeout);
+  } catch (const InvalidArgument&) {
+    // Every rank fails alike; wait (bounded) until all have read the Store,
+    // which rank 0 hosts, before any leaves.
+    try {
+      transport->barrier(CallContext{Device::Cpu, nullptr, std::min(options.timeout, Timeout(10000))});
+    } catch (...) {
+    }
+    throw;
+  }
+  return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options, std::move(topology));
 }
 
 Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport,
-                           CommunicatorOptions options)
+                           CommunicatorOptions options, std::optional<Topology> topology)
     : store_(std::move(store)), transport_(std::move(transport)), options_(std::move(options)) {
   GZ_ENFORCE(store_ && transport_, "a communicator needs a store and a transport");
+  topology_ = topology ? std::move(*topology) : Topology::flat(transport_->size());
+  GZ_ENFORCE(topology_.ranks() == transport_->size(), "the topology describes ", topology_.ranks(),
+             " ranks, the transport has ", transport_->size());
 }
 
 Communicator::~Communicator() {
@@ -132,6 +147,8 @@ void Communicator::allreduce(float* buffer, std::size_t n, Codec& codec, Allredu
   o.device = call.device;
   o.stream = call.stream;
   o.timeout = call.timeout.value_or(options_.timeout);
+  o.segment_bytes = call.segment_bytes;
+  o.topology = &topology_;
   o.stats = call.stats;
   try {
     gz::allreduce(o);

@@ -45,6 +45,7 @@ struct AllreduceCall {
   Device device = Device::Cpu;
   Stream stream = nullptr;
   std::optional<Timeout> timeout;    ///< default: the communicator's
+  std::size_t segment_bytes = 0;     ///< payload bytes per pipeline segment (0: the default)
   AllreduceStats* stats = nullptr;   ///< [out] optional
 };
 
@@ -52,7 +53,8 @@ class Communicator {
  public:
   /// Rendezvous from the torchrun variables (rank_info_from_env) and
   /// GRADZIP_JOB_TOKEN: rank 0 hosts the TcpStore, which admits this job's
-  /// ranks only; then the transport connects every pair. Collective.
+  /// ranks only; then the transport connects every pair, and the ranks learn
+  /// each other's nodes (discover_topology). Collective.
   static std::unique_ptr<Communicator> from_env(TransportKind kind, const CommunicatorOptions& options = {});
 
   /// Over a store the caller already shares with the other ranks (e.g.
@@ -64,8 +66,10 @@ class Communicator {
   static std::unique_ptr<Communicator> create(TransportKind kind, std::shared_ptr<Store> store, int rank,
                                               int world_size, int local_rank, const CommunicatorOptions& options = {});
 
-  /// From parts (tests use a HashStore and threads).
-  Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport, CommunicatorOptions options = {});
+  /// From parts (tests use a HashStore and threads). The topology defaults to
+  /// every rank a node of its own.
+  Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport, CommunicatorOptions options = {},
+               std::optional<Topology> topology = std::nullopt);
   /// When nothing failed, waits (briefly) for every rank to arrive, so that
   /// rank 0's store and every endpoint outlive the last call of every rank.
   ~Communicator();
@@ -84,6 +88,8 @@ class Communicator {
   void barrier();
 
   Transport& transport() { return *transport_; }
+  /// Which node each rank runs on (the hierarchical allreduce uses it).
+  const Topology& topology() const { return topology_; }
   Store& store() { return *store_; }
   const AllreduceWorkspace& workspace() const { return workspace_; }
   /// Scratch held beyond the user's buffers and EF states: payload slots,
@@ -101,6 +107,7 @@ class Communicator {
   std::shared_ptr<Store> store_;
   std::unique_ptr<Transport> transport_;
   CommunicatorOptions options_;
+  Topology topology_;
   AllreduceWorkspace workspace_;
   bool broken_ = false;
 };

@@ -9,13 +9,16 @@
 #include "common/error.h"
 
 namespace gz {
-namespace {
 
-std::optional<std::string> env(const char* name) {
+std::optional<std::string> env_value(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) return std::nullopt;
   return std::string(v);
 }
+
+namespace {
+
+std::optional<std::string> env(const char* name) { return env_value(name); }
 
 int parse_int(const char* name, const std::string& s, int lo, int hi) {
   int v = 0;

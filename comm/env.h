@@ -5,12 +5,16 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 namespace gz {
 
 /// Milliseconds; every blocking call in comm/ takes one.
 using Timeout = std::chrono::milliseconds;
+
+/// The value of an environment variable; nullopt when unset or empty.
+std::optional<std::string> env_value(const char* name);
 
 /// Default timeout: GRADZIP_TIMEOUT_S (seconds, may be fractional) when set,
 /// else 60 s. Throws InvalidArgument for a malformed or non-positive value.

@@ -47,8 +47,8 @@ namespace mem {
 
 /// p[0..n) = 0 (queued on `stream` for CUDA).
 void zero(void* p, std::size_t bytes, Device device, Stream stream);
-/// p[0..n) *= alpha.
-void scale(float* p, std::size_t n, float alpha, Device device, Stream stream);
+/// dst[0..bytes) = src[0..bytes), both on `device` (queued on `stream` for CUDA).
+void copy(void* dst, const void* src, std::size_t bytes, Device device, Stream stream);
 /// Synchronous copies between host memory and memory on `device`.
 void to_host(void* dst, const void* src, std::size_t bytes, Device device, Stream stream);
 void from_host(void* dst, const void* src, std::size_t bytes, Device device, Stream stream);

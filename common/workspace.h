@@ -29,6 +29,8 @@ class WorkspaceCarver {
   }
 
   std::size_t bytes() const { return used_; }
+  /// True while only sizing (no base).
+  bool sizing() const { return base_ == nullptr; }
 
   /// Throws when the carved parts did not fit in the workspace given.
   void check() const {

@@ -21,8 +21,8 @@ class CastCodec final : public Codec {
     kernels::cpu::cast_encode<Fmt>(g, r, n, reinterpret_cast<std::uint16_t*>(body));
     return {0, 2 * n};
   }
-  void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
-    kernels::cpu::cast_decode_accumulate<Fmt>(reinterpret_cast<const std::uint16_t*>(p.body), p.count, out);
+  void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
+    kernels::cpu::cast_decode<Fmt>(reinterpret_cast<const std::uint16_t*>(p.body), begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
   std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
@@ -31,9 +31,10 @@ class CastCodec final : public Codec {
                                     cuda_codec::header_blob(id(), 0, n, 2 * n, payload), ctx.stream);
     return wire::kHeaderBytes + 2 * n;
   }
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
-    kernels::cuda::cast_decode_accumulate<Fmt>(reinterpret_cast<const std::uint16_t*>(payload + wire::kHeaderBytes),
-                                               n, out, &ctx.status->code, ctx.stream);
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+                   const ExecContext& ctx) override {
+    kernels::cuda::cast_decode<Fmt>(reinterpret_cast<const std::uint16_t*>(payload + wire::kHeaderBytes), n, out, c,
+                                    &ctx.status->code, ctx.stream);
   }
 #endif
 };

@@ -1,8 +1,12 @@
 #include "compressors/codec.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "common/error.h"
 #include "common/workspace.h"
 #include "compressors/wire_format.h"
+#include "kernels/cpu.h"
 
 #if GZ_HAVE_CUDA
 #include "common/cuda_check.h"
@@ -57,48 +61,103 @@ std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std
   return wire::kHeaderBytes + body.body_bytes;
 }
 
-void Codec::decode_accumulate(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
-                              const ExecContext& ctx) {
-  GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
-  (void)scratch(ctx, workspace_bytes(n, ctx.device));
-  if (ctx.device == Device::Cuda) return decode_accumulate_cuda(payload, bytes, out, n, ctx);
+namespace {
+
+// CPU sums decode this many elements of every payload before moving on, so
+// the tile stays in cache (L1 + L2) while the payloads add into it.
+constexpr std::size_t kSumTile = 4096;
+
+// The mode of payload j of m in a sum: the first overwrites, the last scales.
+Combine sum_mode(std::size_t j, std::size_t m, float scale) {
+  return Combine{j != 0, j + 1 == m ? scale : 1.0f};
+}
+
+}  // namespace
+
+void Codec::check_body_cpu(const PayloadView&) const {}
+
+// A payload view_cpu has already accepted: its header again, no body checks.
+PayloadView Codec::header_view(const PayloadRef& p) const {
+  const wire::Header h = wire::read_header(p.data, p.bytes);
+  return PayloadView{h.param, h.count, p.data + wire::kHeaderBytes, h.body_bytes};
+}
+
+PayloadView Codec::view_cpu(const std::byte* payload, std::size_t bytes, std::size_t n) const {
   if (reinterpret_cast<std::uintptr_t>(payload) % 4 != 0)
     GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
   const wire::Header h = wire::read_header(payload, bytes);
   const bool fixed = fixed_size();
   const std::uint32_t param = header_param(n);
   wire::expect(h, id(), n, fixed ? &param : nullptr);
-  decode_cpu(PayloadView{h.param, h.count, payload + wire::kHeaderBytes, h.body_bytes}, out, ctx);
+  const PayloadView v{h.param, h.count, payload + wire::kHeaderBytes, h.body_bytes};
+  check_body_cpu(v);
+  return v;
+}
+
+void Codec::decode(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
+                   const ExecContext& ctx) {
+  GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
+  const PayloadRef one{payload, bytes};
+  if (ctx.device == Device::Cuda) return decode_cuda_all(std::span(&one, 1), out, n, &c, 1.0f, ctx);
+  decode_cpu(view_cpu(payload, bytes, n), 0, n, out, c);
+}
+
+void Codec::decode_sum(std::span<const PayloadRef> payloads, float* out, std::size_t n, float scale,
+                       const ExecContext& ctx) {
+  GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
+  if (payloads.empty()) return;
+  if (ctx.device == Device::Cuda) return decode_cuda_all(payloads, out, n, nullptr, scale, ctx);
+  const std::size_t m = payloads.size();
+  for (const PayloadRef& p : payloads) (void)view_cpu(p.data, p.bytes, n);  // all checked, before out
+  // Each tile of the sum is built in a buffer that stays in cache, then
+  // streamed to out: out is written once and never read. The tile lives on
+  // the stack and the views are read again per tile (the header only, O(1)),
+  // so a Codec keeps no state between calls.
+  alignas(64) float tile[kSumTile];
+  for (std::size_t b = 0; b < n; b += kSumTile) {
+    const std::size_t e = std::min(n, b + kSumTile);
+    for (std::size_t j = 0; j < m; ++j) decode_cpu(header_view(payloads[j]), b, e, tile, sum_mode(j, m, scale));
+    kernels::cpu::stream_store(tile, e - b, out + b);
+  }
 }
 
 #if GZ_HAVE_CUDA
-// Host checks first (what needs no device memory), then the header check on
-// the device, then the codec's gated decode kernels, then the verdict.
-void Codec::decode_accumulate_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
-                                   const ExecContext& ctx) {
-  if (!payload) GZ_THROW(PayloadError, "payload pointer is null");
-  if (reinterpret_cast<std::uintptr_t>(payload) % 4 != 0)
-    GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
-  if (bytes < wire::kHeaderBytes)
-    GZ_THROW(PayloadError, "payload truncated: ", bytes, " bytes, the header alone is ", wire::kHeaderBytes);
+// Host checks first (what needs no device memory), then the header and body
+// checks of every payload on the device, then the codec's gated decode
+// kernels, then (without a caller's status word) the verdict.
+void Codec::decode_cuda_all(std::span<const PayloadRef> payloads, float* out, std::size_t n, const Combine* single,
+                            float scale, const ExecContext& ctx) {
   const bool fixed = fixed_size();
   const std::uint32_t param = header_param(n);
-  // A fixed-size codec knows the exact size; a mismatch means a malformed
-  // payload whose body must not be read (the device check names the reason).
-  const bool size_ok = !fixed || bytes == max_payload_bytes(n);
-
+  for (const PayloadRef& p : payloads) {
+    if (!p.data) GZ_THROW(PayloadError, "payload pointer is null");
+    if (reinterpret_cast<std::uintptr_t>(p.data) % 4 != 0)
+      GZ_THROW(InvalidArgument, spec(), ": payload buffer must be 4-byte aligned");
+    if (p.bytes < wire::kHeaderBytes)
+      GZ_THROW(PayloadError, "payload truncated: ", p.bytes, " bytes, the header alone is ", wire::kHeaderBytes);
+  }
+  (void)scratch(ctx, workspace_bytes(n, ctx.device));  // the workspace it asked for, or a clear error
   ExecContext c = ctx;
   const bool synchronous = ctx.status == nullptr;
   if (synchronous) {
     c.status = static_cast<PayloadStatus*>(scratch(ctx, kCudaStatusBytes));
     GZ_CUDA_CHECK(cudaMemsetAsync(c.status, 0, sizeof(PayloadStatus), ctx.stream));
   }
-  cuda_codec::validate_header(payload, bytes, id(), n, fixed, param, size_ok, c.status, ctx.stream);
-  if (size_ok) decode_cuda(payload, bytes, out, n, c);
+  // A fixed-size codec knows the exact size; a mismatch means a malformed
+  // payload whose body must not be read (the device check names the reason).
+  auto size_ok = [&](const PayloadRef& p) { return !fixed || p.bytes == max_payload_bytes(n); };
+  for (const PayloadRef& p : payloads)
+    cuda_codec::validate_header(p.data, p.bytes, id(), n, fixed, param, size_ok(p), c.status, ctx.stream);
+  for (const PayloadRef& p : payloads)
+    if (size_ok(p)) check_body_cuda(p.data, p.bytes, n, c);
+  const std::size_t m = payloads.size();
+  for (std::size_t j = 0; j < m; ++j)
+    if (size_ok(payloads[j])) decode_cuda(payloads[j].data, payloads[j].bytes, out, n, single ? *single : sum_mode(j, m, scale), c);
   if (synchronous) check_payload_status(c.status, ctx.stream);
 }
 #else
-void Codec::decode_accumulate_cuda(const std::byte*, std::size_t, float*, std::size_t, const ExecContext&) {
+void Codec::decode_cuda_all(std::span<const PayloadRef>, float*, std::size_t, const Combine*, float,
+                            const ExecContext&) {
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
 #endif
@@ -107,8 +166,10 @@ std::size_t Codec::encode_cuda(const float*, float*, std::size_t, std::byte*, co
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
 
-void Codec::decode_cuda(const std::byte*, std::size_t, float*, std::size_t, const ExecContext&) {
+void Codec::decode_cuda(const std::byte*, std::size_t, float*, std::size_t, Combine, const ExecContext&) {
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
+
+void Codec::check_body_cuda(const std::byte*, std::size_t, std::size_t, const ExecContext&) {}
 
 }  // namespace gz

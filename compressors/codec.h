@@ -1,6 +1,7 @@
 // The Codec interface: compress a float gradient with error feedback into a
 // self-describing payload (compressors/wire_format.h), and add a payload's
-// decoded values into an output buffer.
+// decoded values into an output buffer (or overwrite it with them, or with the
+// sum of several payloads).
 //
 // Usage (host buffers), two phases as in CUB: sizes first, then the calls.
 //
@@ -11,12 +12,15 @@
 //   gz::ExecContext ctx{gz::Device::Cpu, nullptr, ws.data(), ws.size()};
 //   std::size_t bytes = codec->encode(grad, residual.data(), n, payload.data(), payload.size(), ctx);
 //   codec->decode_accumulate(payload.data(), bytes, out, n, ctx);   // out += decoded
+//   codec->decode_sum(payloads, out, n, 0.25f, ctx);                // out = (D(p0) + D(p1) + ...) / 4
 //
 // Constraints:
 //   - encode: v = grad + residual; payload = Q(v); residual = v - D(payload).
 //     residual may be nullptr only when error feedback is off (spec "ef=off").
-//   - decode_accumulate validates the whole payload before touching `out`; a
-//     malformed payload throws PayloadError and leaves `out` unchanged.
+//   - decode / decode_accumulate / decode_sum validate every payload before
+//     touching `out`; a malformed payload throws PayloadError and leaves `out`
+//     unchanged. How decoded values land in `out` (add, overwrite, scale) is
+//     kernels/combine.h's rule, the same bits on the CPU and the GPU.
 //   - Payload buffers must be 4-byte aligned.
 //   - Deterministic: the same input gives the same payload bits, on the CPU
 //     and on the GPU.
@@ -36,7 +40,7 @@
 //   - encode returns the payload size without synchronizing, except topk with
 //     select=sample: its entry count is decided on the device, so that encode
 //     synchronizes ctx.stream to read it back (and writes the header after).
-//   - decode_accumulate validates the payload on the device, in stream order,
+//   - decoding validates the payloads on the device, in stream order,
 //     before any kernel touches `out` (header checks of wire::read_header and
 //     wire::expect, top-k indices of wire::check_topk_indices); on a malformed
 //     payload `out` is left unchanged. What the host can see without reading
@@ -54,6 +58,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -61,6 +66,7 @@
 #include "compressors/descriptor.h"
 #include "compressors/payload_status.h"
 #include "compressors/spec.h"
+#include "kernels/combine.h"
 
 namespace gz {
 
@@ -86,6 +92,15 @@ struct PayloadView {
   const std::byte* body;
   std::uint64_t body_bytes;
 };
+
+/// A payload to decode (host or device memory, as the call's ExecContext says).
+struct PayloadRef {
+  const std::byte* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// How a decode writes into its output: kernels/combine.h.
+using Combine = kernels::Combine;
 
 /// What a codec's encode wrote after the header.
 struct EncodedBody {
@@ -116,7 +131,8 @@ class Codec {
   /// Payload bytes (header included) for n elements: exact for a fixed-size
   /// codec, the upper bound otherwise.
   virtual std::size_t max_payload_bytes(std::size_t n) const;
-  /// Scratch bytes an encode or decode of n elements needs on `device`.
+  /// Scratch bytes an encode of n elements needs on `device`; a decode needs
+  /// them on CUDA only (the status word), none on the CPU.
   virtual std::size_t workspace_bytes(std::size_t n, Device device) const;
   /// CUDA workspaces start with this many bytes (the status word of a
   /// synchronous decode); a codec's own scratch follows.
@@ -132,14 +148,35 @@ class Codec {
 
   /// out[0..n) += decoded payload. Validates first; throws PayloadError.
   void decode_accumulate(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
-                         const ExecContext& ctx = {});
+                         const ExecContext& ctx = {}) {
+    decode(payload, bytes, out, n, Combine{}, ctx);
+  }
+
+  /// out[0..n) = combine(out, decoded payload, c) (kernels/combine.h).
+  /// Validates first; throws PayloadError.
+  void decode(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
+              const ExecContext& ctx = {});
+
+  /// out[0..n) = (D(p[0]) + D(p[1]) + ... + D(p[m-1])) * scale: the first
+  /// payload overwrites, the others add in order, the last one scales (the
+  /// multiply only when scale != 1). Every payload is validated before `out`
+  /// is touched. On the CPU the sum runs tile by tile, so `out` is written once
+  /// and never read; on CUDA it is one launch per payload. m == 0 leaves out as
+  /// it is. Payloads must not overlap `out`.
+  void decode_sum(std::span<const PayloadRef> payloads, float* out, std::size_t n, float scale = 1.0f,
+                  const ExecContext& ctx = {});
 
  protected:
   /// Codec-specific parts. The public calls have already checked pointers,
   /// capacity and EF (encode), or read and checked the header (decode).
   virtual EncodedBody encode_cpu(const float* grad, float* residual, std::size_t n, std::byte* body,
                                  const ExecContext& ctx) = 0;
-  virtual void decode_cpu(const PayloadView& p, float* out, const ExecContext& ctx) = 0;
+  /// Elements [begin, end) of a validated payload into out[0 .. end - begin),
+  /// combined as `c` says.
+  virtual void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) = 0;
+  /// Body checks beyond the header (top-k indices), before any decode_cpu of
+  /// the call touches `out`. Throws PayloadError.
+  virtual void check_body_cpu(const PayloadView& p) const;
   /// CUDA parts: payload, grad, residual and out are device pointers, work is
   /// queued on ctx.stream. The defaults throw (a build without CUDA).
   /// encode_cuda writes header and body, returns the payload bytes.
@@ -150,16 +187,25 @@ class Codec {
   /// ctx.status->code is 0 when they run. It is skipped when the payload size
   /// already shows the payload is malformed (for a fixed-size codec, bytes !=
   /// max_payload_bytes(n)), so it may size its launches from bytes and n.
-  virtual void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
+  virtual void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
                            const ExecContext& ctx);
+  /// CUDA body checks beyond the header (top-k indices) into ctx.status,
+  /// queued before any decode_cuda of the call; called only when the size is
+  /// plausible (as for decode_cuda).
+  virtual void check_body_cuda(const std::byte* payload, std::size_t bytes, std::size_t n, const ExecContext& ctx);
 
   /// The caller's workspace, checked to hold `bytes` on ctx.device (nullptr
   /// when bytes is 0); throws InvalidArgument when it is missing or too small.
   void* scratch(const ExecContext& ctx, std::size_t bytes) const;
 
  private:
-  void decode_accumulate_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
-                              const ExecContext& ctx);
+  // Reads and checks a host payload's header (and body); throws PayloadError.
+  PayloadView view_cpu(const std::byte* payload, std::size_t bytes, std::size_t n) const;
+  PayloadView header_view(const PayloadRef& p) const;
+  // Every payload decoded on the device: with `single`, the one payload in
+  // that mode; else a sum (decode_sum's modes).
+  void decode_cuda_all(std::span<const PayloadRef> payloads, float* out, std::size_t n, const Combine* single,
+                       float scale, const ExecContext& ctx);
 
   CodecConfig config_;
   const CodecDescriptor& descriptor_;

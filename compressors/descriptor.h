@@ -75,6 +75,14 @@ struct CodecDescriptor {
   /// against the exact sum (gradzip-bench checks every row against it).
   double (*error_bound)(const CodecConfig&) = nullptr;
   AlgorithmHint hint = {};
+  /// Segments of a pipelined allreduce hold a whole multiple of this many
+  /// elements, so that segmenting changes no bit (onebit: its block).
+  /// nullptr: any length.
+  std::uint64_t (*segment_granule)(const CodecConfig&) = nullptr;
+  /// The config each segment of a run of n elements encodes with, when it is
+  /// not cfg itself (top-k with k=K: every segment keeps the share K / n);
+  /// false: cfg as it is. nullptr: always cfg.
+  bool (*segment_config)(const CodecConfig& cfg, std::uint64_t n, CodecConfig* out) = nullptr;
   /// Words a header param the layout's check_param rejected with `reason`.
   std::string (*describe_param)(std::uint32_t reason, std::uint32_t param, std::uint64_t count) = nullptr;
   /// Checks across keys after parsing (bit i of `given`: key i was in the

@@ -31,11 +31,10 @@ class Fp8Codec final : public Codec {
                              reinterpret_cast<std::uint8_t*>(body + Fp8Layout::codes_offset(param, n)));
     return {param, Fp8Layout::body_bytes(param, n)};
   }
-  void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
-    kernels::cpu::fp8_decode_accumulate(
-        reinterpret_cast<const float*>(p.body),
-        reinterpret_cast<const std::uint8_t*>(p.body + Fp8Layout::codes_offset(p.param, p.count)), p.count,
-        kernels::fp8_exp_bits(p.param), kernels::fp8_block(p.param), out);
+  void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
+    kernels::cpu::fp8_decode(reinterpret_cast<const float*>(p.body),
+                             reinterpret_cast<const std::uint8_t*>(p.body + Fp8Layout::codes_offset(p.param, p.count)),
+                             kernels::fp8_exp_bits(p.param), kernels::fp8_block(p.param), begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
   std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
@@ -49,12 +48,12 @@ class Fp8Codec final : public Codec {
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's format and block.
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+                   const ExecContext& ctx) override {
     const std::byte* body = payload + wire::kHeaderBytes;
-    kernels::cuda::fp8_decode_accumulate(
-        reinterpret_cast<const float*>(body),
-        reinterpret_cast<const std::uint8_t*>(body + Fp8Layout::codes_offset(header_param(n), n)), n, exp_bits_,
-        block_, out, &ctx.status->code, ctx.stream);
+    kernels::cuda::fp8_decode(reinterpret_cast<const float*>(body),
+                              reinterpret_cast<const std::uint8_t*>(body + Fp8Layout::codes_offset(header_param(n), n)),
+                              n, exp_bits_, block_, out, c, &ctx.status->code, ctx.stream);
   }
 #endif
 
@@ -98,6 +97,8 @@ extern const CodecDescriptor fp8{
     .keys = kKeys,
     .make = [](const CodecConfig& c) -> std::unique_ptr<Codec> { return std::make_unique<Fp8Codec>(c); },
     .error_bound = error_bound,
+    // Segments of whole blocks encode exactly as the whole buffer does.
+    .segment_granule = [](const CodecConfig& c) { return static_cast<std::uint64_t>(c.values[kBlock]); },
     .describe_param = describe_param,
     .test_specs = kTestSpecs,
     .bench_specs = kBench,

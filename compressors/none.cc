@@ -19,8 +19,8 @@ class NoneCodec final : public Codec {
     kernels::cpu::copy_encode(g, r, n, reinterpret_cast<float*>(body));
     return {0, 4 * n};
   }
-  void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
-    kernels::cpu::add_accumulate(reinterpret_cast<const float*>(p.body), p.count, out);
+  void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
+    kernels::cpu::copy_decode(reinterpret_cast<const float*>(p.body), begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
   std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
@@ -29,9 +29,10 @@ class NoneCodec final : public Codec {
                                cuda_codec::header_blob(id(), 0, n, 4 * n, payload), ctx.stream);
     return wire::kHeaderBytes + 4 * n;
   }
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
-    kernels::cuda::add_accumulate(reinterpret_cast<const float*>(payload + wire::kHeaderBytes), n, out,
-                                  &ctx.status->code, ctx.stream);
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+                   const ExecContext& ctx) override {
+    kernels::cuda::copy_decode(reinterpret_cast<const float*>(payload + wire::kHeaderBytes), n, out, c,
+                               &ctx.status->code, ctx.stream);
   }
 #endif
 };

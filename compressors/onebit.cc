@@ -25,10 +25,10 @@ class OnebitCodec final : public Codec {
     kernels::cpu::onebit_encode(g, r, n, block_, scales, bits);
     return {block_, OnebitLayout::body_bytes(block_, n)};
   }
-  void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
+  void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
     const auto* scales = reinterpret_cast<const OnebitScales*>(p.body);
     const auto* bits = reinterpret_cast<const std::uint32_t*>(p.body + OnebitLayout::words_offset(p.param, p.count));
-    kernels::cpu::onebit_decode_accumulate(scales, bits, p.count, p.param, out);
+    kernels::cpu::onebit_decode(scales, bits, p.param, begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
   std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
@@ -41,12 +41,12 @@ class OnebitCodec final : public Codec {
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's block.
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+                   const ExecContext& ctx) override {
     const std::byte* body = payload + wire::kHeaderBytes;
-    kernels::cuda::onebit_decode_accumulate(
-        reinterpret_cast<const OnebitScales*>(body),
-        reinterpret_cast<const std::uint32_t*>(body + OnebitLayout::words_offset(block_, n)), n, block_, out,
-        &ctx.status->code, ctx.stream);
+    kernels::cuda::onebit_decode(reinterpret_cast<const OnebitScales*>(body),
+                                 reinterpret_cast<const std::uint32_t*>(body + OnebitLayout::words_offset(block_, n)),
+                                 n, block_, out, c, &ctx.status->code, ctx.stream);
   }
 #endif
 
@@ -77,6 +77,8 @@ extern const CodecDescriptor onebit{
     // One step of 1-bit SGD is far from the sum (EF makes it up over steps):
     // a block's means are off by up to the block's spread.
     .error_bound = [](const CodecConfig&) { return 1.0; },
+    // Segments of whole blocks encode exactly as the whole buffer does.
+    .segment_granule = [](const CodecConfig& c) { return static_cast<std::uint64_t>(c.value("block")); },
     .describe_param = describe_param,
     .test_specs = kTestSpecs,
     .bench_specs = kBench,

@@ -39,11 +39,11 @@ class QsgdCodec final : public Codec {
                               reinterpret_cast<std::uint32_t*>(body + QsgdLayout::words_offset(param, n)));
     return {param, QsgdLayout::body_bytes(param, n)};
   }
-  void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
-    kernels::cpu::qsgd_decode_accumulate(
+  void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
+    kernels::cpu::qsgd_decode(
         reinterpret_cast<const QsgdScale*>(p.body),
-        reinterpret_cast<const std::uint32_t*>(p.body + QsgdLayout::words_offset(p.param, p.count)), p.count,
-        kernels::qsgd_bits(p.param), kernels::qsgd_bucket(p.param), out);
+        reinterpret_cast<const std::uint32_t*>(p.body + QsgdLayout::words_offset(p.param, p.count)),
+        kernels::qsgd_bits(p.param), kernels::qsgd_bucket(p.param), begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
   std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
@@ -57,13 +57,13 @@ class QsgdCodec final : public Codec {
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's bits and bucket.
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, const ExecContext& ctx) override {
+  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+                   const ExecContext& ctx) override {
     const std::uint32_t param = header_param(n);
     const std::byte* body = payload + wire::kHeaderBytes;
-    kernels::cuda::qsgd_decode_accumulate(
-        reinterpret_cast<const QsgdScale*>(body),
-        reinterpret_cast<const std::uint32_t*>(body + QsgdLayout::words_offset(param, n)), n, bits_, bucket_, out,
-        &ctx.status->code, ctx.stream);
+    kernels::cuda::qsgd_decode(reinterpret_cast<const QsgdScale*>(body),
+                               reinterpret_cast<const std::uint32_t*>(body + QsgdLayout::words_offset(param, n)), n,
+                               bits_, bucket_, out, c, &ctx.status->code, ctx.stream);
   }
 #endif
 
@@ -118,6 +118,10 @@ extern const CodecDescriptor qsgd{
     .keys = kKeys,
     .make = [](const CodecConfig& c) -> std::unique_ptr<Codec> { return std::make_unique<QsgdCodec>(c); },
     .error_bound = error_bound,
+    // Segments of whole buckets quantize as the whole buffer does (stochastic
+    // rounding draws by element index within the segment: other draws, the
+    // same on every rank).
+    .segment_granule = [](const CodecConfig& c) { return static_cast<std::uint64_t>(c.values[kBucket]); },
     .describe_param = describe_param,
     .test_specs = kTestSpecs,
     .bench_specs = kBench,

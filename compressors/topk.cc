@@ -70,11 +70,14 @@ class TopkCodec final : public Codec {
     return {static_cast<std::uint32_t>(count), 8 * count};
   }
 
-  void decode_cpu(const PayloadView& p, float* out, const ExecContext&) override {
+  void check_body_cpu(const PayloadView& p) const override {
+    wire::check_topk_indices(reinterpret_cast<const std::uint32_t*>(p.body), p.param, p.count);
+  }
+
+  void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
     const auto* idx = reinterpret_cast<const std::uint32_t*>(p.body);
     const auto* val = reinterpret_cast<const float*>(p.body + kernels::TopkLayout::values_offset(p.param));
-    wire::check_topk_indices(idx, p.param, p.count);  // before touching out
-    kernels::cpu::topk_decode_accumulate(idx, val, p.param, out);
+    kernels::cpu::topk_decode(idx, val, p.param, begin, end, out, c);
   }
 
 #if GZ_HAVE_CUDA
@@ -102,17 +105,27 @@ class TopkCodec final : public Codec {
     return wire::kHeaderBytes + 8 * std::size_t{count};
   }
 
-  void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
+  // Entries a payload of `bytes` holds; 0 when no valid header can have that
+  // size (exact: the host already matched bytes to k; sampled: the header
+  // check reports it), and nothing is launched.
+  static std::size_t entries(std::size_t bytes, std::size_t n) {
+    const std::size_t body_bytes = bytes - wire::kHeaderBytes;
+    return body_bytes % 8 != 0 || body_bytes / 8 > n ? 0 : body_bytes / 8;
+  }
+
+  void check_body_cuda(const std::byte* payload, std::size_t bytes, std::size_t n, const ExecContext& ctx) override {
+    cuda_codec::validate_topk_indices(reinterpret_cast<const std::uint32_t*>(payload + wire::kHeaderBytes),
+                                      entries(bytes, n), n, ctx.status, ctx.stream);
+  }
+
+  void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
                    const ExecContext& ctx) override {
     const std::size_t body_bytes = bytes - wire::kHeaderBytes;
-    // Exact: the host already matched bytes to k. Sampled: a size that no valid
-    // header can have is left to the header check, which reports it.
-    if (body_bytes % 8 != 0 || body_bytes / 8 > n) return;
-    const std::size_t k = body_bytes / 8;
+    if (body_bytes % 8 != 0 || body_bytes / 8 > n) return;  // the header check has closed the gate
+    const std::size_t k = entries(bytes, n);
     const auto* idx = reinterpret_cast<const std::uint32_t*>(payload + wire::kHeaderBytes);
     const auto* val = reinterpret_cast<const float*>(idx + k);
-    cuda_codec::validate_topk_indices(idx, k, n, ctx.status, ctx.stream);  // before touching out
-    kernels::cuda::topk_decode_accumulate(idx, val, k, out, &ctx.status->code, ctx.stream);
+    kernels::cuda::topk_decode(idx, val, k, n, out, c, &ctx.status->code, ctx.stream);
   }
 #endif
 };
@@ -135,6 +148,16 @@ bool shows(const CodecConfig& c, std::size_t key) {
   if (key == kDensity) return c.values[kK] == 0;
   if (key == kK) return c.values[kK] != 0;
   return c.values[key] != kKeys[key].fallback;
+}
+
+// k=K over n elements cut into segments: each segment keeps the same share,
+// K / n, of its elements (at least one entry each).
+bool segment_config(const CodecConfig& c, std::uint64_t n, CodecConfig* out) {
+  if (c.values[kK] == 0) return false;  // density applies per segment as it is
+  *out = c;
+  out->values[kK] = 0;
+  out->values[kDensity] = static_cast<double>(topk_k(c, n)) / static_cast<double>(n);
+  return true;
 }
 
 std::string describe_param(std::uint32_t reason, std::uint32_t k, std::uint64_t count) {
@@ -160,6 +183,7 @@ extern const CodecDescriptor topk{
     // One step sends a fraction of the mass (EF sends the rest later).
     .error_bound = [](const CodecConfig&) { return 1.0; },
     .hint = {.sparse = true, .allgather_up_to_ranks = 16},
+    .segment_config = segment_config,
     .describe_param = describe_param,
     .check = check,
     .shows = shows,

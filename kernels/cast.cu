@@ -40,25 +40,21 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    add_kernel(const float* __restrict__ in, std::size_t n, float* __restrict__ out, const std::uint32_t* gate,
-               bool vec) {
+    copy_decode_kernel(const float* __restrict__ in, std::size_t n, float* __restrict__ out, Combine c,
+                       const std::uint32_t* gate, bool vec) {
   if (gate_closed(gate)) return;
   std::size_t tail = 0;
   if (vec) {
     const std::size_t units = n / 4;
     for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
       const float4 a = reinterpret_cast<const float4*>(in)[u];
-      float4 o = reinterpret_cast<float4*>(out)[u];
-      o.x += a.x, o.y += a.y, o.z += a.z, o.w += a.w;
+      float4 o = c.accumulate ? reinterpret_cast<float4*>(out)[u] : float4{};
+      o.x = combine(o.x, a.x, c), o.y = combine(o.y, a.y, c), o.z = combine(o.z, a.z, c), o.w = combine(o.w, a.w, c);
       reinterpret_cast<float4*>(out)[u] = o;
     }
     tail = units * 4;
   }
-  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] += in[i];
-}
-
-__global__ void __launch_bounds__(kThreads) scale_kernel(float* __restrict__ out, std::size_t n, float alpha) {
-  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] *= alpha;
+  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] = combine(out[i], in[i], c);
 }
 
 // ---- fp16 / bf16 ------------------------------------------------------------
@@ -109,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class Fmt>
 __global__ void __launch_bounds__(kThreads)
-    cast_decode_kernel(const std::uint16_t* __restrict__ in, std::size_t n, float* __restrict__ out,
+    cast_decode_kernel(const std::uint16_t* __restrict__ in, std::size_t n, float* __restrict__ out, Combine c,
                        const std::uint32_t* gate, bool vec) {
   if (gate_closed(gate)) return;
   std::size_t tail = 0;
@@ -118,18 +114,20 @@ __global__ void __launch_bounds__(kThreads)
     for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
       const uint4 p = reinterpret_cast<const uint4*>(in)[u];
       float4* o4 = reinterpret_cast<float4*>(out) + 2 * u;
-      float4 a = o4[0], b = o4[1];
+      float4 a = c.accumulate ? o4[0] : float4{}, b = c.accumulate ? o4[1] : float4{};
       const std::uint32_t w[4] = {p.x, p.y, p.z, p.w};
       auto lo = [](std::uint32_t x) { return Fmt::decode(static_cast<std::uint16_t>(x & 0xFFFFu)); };
       auto hi = [](std::uint32_t x) { return Fmt::decode(static_cast<std::uint16_t>(x >> 16)); };
-      a.x += lo(w[0]), a.y += hi(w[0]), a.z += lo(w[1]), a.w += hi(w[1]);
-      b.x += lo(w[2]), b.y += hi(w[2]), b.z += lo(w[3]), b.w += hi(w[3]);
+      a.x = combine(a.x, lo(w[0]), c), a.y = combine(a.y, hi(w[0]), c);
+      a.z = combine(a.z, lo(w[1]), c), a.w = combine(a.w, hi(w[1]), c);
+      b.x = combine(b.x, lo(w[2]), c), b.y = combine(b.y, hi(w[2]), c);
+      b.z = combine(b.z, lo(w[3]), c), b.w = combine(b.w, hi(w[3]), c);
       o4[0] = a;
       o4[1] = b;
     }
     tail = units * 8;
   }
-  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] += Fmt::decode(in[i]);
+  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] = combine(out[i], Fmt::decode(in[i]), c);
 }
 
 }  // namespace
@@ -145,17 +143,11 @@ void copy_encode(const float* g, float* r, std::size_t n, float* out, const Blob
   GZ_LAUNCH_CHECK(copy_encode_kernel);
 }
 
-void add_accumulate(const float* in, std::size_t n, float* out, const std::uint32_t* gate, Stream stream) {
+void copy_decode(const float* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate, Stream stream) {
   if (n == 0) return;
   const bool vec = aligned16(in) && aligned16(out);
-  add_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(in, n, out, gate, vec);
-  GZ_LAUNCH_CHECK(add_kernel);
-}
-
-void scale(float* out, std::size_t n, float alpha, Stream stream) {
-  if (n == 0) return;
-  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, alpha);
-  GZ_LAUNCH_CHECK(scale_kernel);
+  copy_decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(in, n, out, c, gate, vec);
+  GZ_LAUNCH_CHECK(copy_decode_kernel);
 }
 
 template <class Fmt>
@@ -171,19 +163,19 @@ void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out, co
 }
 
 template <class Fmt>
-void cast_decode_accumulate(const std::uint16_t* in, std::size_t n, float* out, const std::uint32_t* gate,
-                            Stream stream) {
+void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate,
+                 Stream stream) {
   if (n == 0) return;
   const bool vec = aligned16(in) && aligned16(out);
-  cast_decode_kernel<Fmt><<<grid_for(vec ? n / 8 + 8 : n), kThreads, 0, stream>>>(in, n, out, gate, vec);
+  cast_decode_kernel<Fmt><<<grid_for(vec ? n / 8 + 8 : n), kThreads, 0, stream>>>(in, n, out, c, gate, vec);
   GZ_LAUNCH_CHECK(cast_decode_kernel);
 }
 
 template void cast_encode<HalfFormat>(const float*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
 template void cast_encode<BFloat16Format>(const float*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
-template void cast_decode_accumulate<HalfFormat>(const std::uint16_t*, std::size_t, float*, const std::uint32_t*,
-                                                 Stream);
-template void cast_decode_accumulate<BFloat16Format>(const std::uint16_t*, std::size_t, float*,
-                                                     const std::uint32_t*, Stream);
+template void cast_decode<HalfFormat>(const std::uint16_t*, std::size_t, float*, Combine, const std::uint32_t*,
+                                      Stream);
+template void cast_decode<BFloat16Format>(const std::uint16_t*, std::size_t, float*, Combine, const std::uint32_t*,
+                                          Stream);
 
 }  // namespace gz::kernels::cuda

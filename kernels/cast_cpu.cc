@@ -6,6 +6,8 @@
 // that it gives the same bits as the element functions on every rounding
 // boundary, saturation and NaN case. (g++ does vectorize the portable loops,
 // but the 32->16-bit packing it emits is about a third slower.)
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -13,6 +15,10 @@
 #include "kernels/cpu.h"
 #include "kernels/cpu_loops.h"
 #include "kernels/error_feedback.h"
+
+#if defined(__SSE2__) && !defined(__AVX2__)
+#include <immintrin.h>  // stream_store's SSE2 stores (cpu_loops.h includes it under AVX2)
+#endif
 
 namespace gz::kernels::cpu {
 
@@ -28,12 +34,37 @@ void copy_encode(const float* g, float* r, std::size_t n, float* out) {
   }
 }
 
-void add_accumulate(const float* in, std::size_t n, float* out) {
-  for (std::size_t i = 0; i < n; ++i) out[i] += in[i];
+void copy_decode(const float* in, std::size_t begin, std::size_t end, float* out, Combine c) {
+  const float* src = in + begin;
+  with_combine(c, [&](auto acc, auto scaled) {
+    for (std::size_t i = 0; i < end - begin; ++i) out[i] = combine<acc, scaled>(out[i], src[i], c.scale);
+  });
 }
 
-void scale(float* out, std::size_t n, float alpha) {
-  for (std::size_t i = 0; i < n; ++i) out[i] *= alpha;
+void sum(const float* const* in, std::size_t m, std::size_t n, float scale, float* out) {
+  if (m == 0 || n == 0) return;
+  // Tiles small enough to stay in L1: each input is read once, out written
+  // once, and the running sum lives in `acc` (out may alias an input).
+  constexpr std::size_t kTile = 2048;
+  alignas(64) float acc[kTile];
+  for (std::size_t b = 0; b < n; b += kTile) {
+    const std::size_t len = std::min(kTile, n - b);
+    for (std::size_t j = 0; j < m; ++j)
+      copy_decode(in[j] + b, 0, len, acc, Combine{j > 0, j + 1 == m ? scale : 1.0f});
+    stream_store(acc, len, out + b);
+  }
+}
+
+void stream_store(const float* src, std::size_t n, float* dst) {
+#if defined(__SSE2__)
+  std::size_t i = 0;
+  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 15u) != 0; ++i) dst[i] = src[i];
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+#else
+  if (n) std::memcpy(dst, src, n * sizeof(float));
+#endif
 }
 
 namespace {
@@ -50,9 +81,9 @@ void encode_portable(const float* g, float* r, std::size_t begin, std::size_t en
   }
 }
 
-template <class Fmt>
-void decode_portable(const std::uint16_t* in, std::size_t begin, std::size_t end, float* out) {
-  for (std::size_t i = begin; i < end; ++i) out[i] += Fmt::decode(in[i]);
+template <class Fmt, bool kAcc, bool kScaled>
+void decode_portable(const std::uint16_t* in, std::size_t begin, std::size_t end, float* out, float scale) {
+  for (std::size_t i = begin; i < end; ++i) out[i] = combine<kAcc, kScaled>(out[i], Fmt::decode(in[i]), scale);
 }
 
 #if GZ_CPU_AVX2
@@ -114,15 +145,23 @@ void encode_avx2(const float* g, float* r, std::size_t n, std::uint16_t* out) {
   encode_portable<Fmt, kEf>(g, r, i, n, out);
 }
 
-template <class Fmt>
-void decode_avx2(const std::uint16_t* in, std::size_t n, float* out) {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
+/// combine<kAcc, kScaled> on 8 lanes.
+template <bool kAcc, bool kScaled>
+__m256 combine8(const float* out, __m256 d, __m256 scale) {
+  const __m256 v = kAcc ? _mm256_add_ps(_mm256_loadu_ps(out), d) : d;
+  return kScaled ? _mm256_mul_ps(v, scale) : v;
+}
+
+template <class Fmt, bool kAcc, bool kScaled>
+void decode_avx2(const std::uint16_t* in, std::size_t begin, std::size_t end, float* out, float scale) {
+  const __m256 s = _mm256_set1_ps(scale);
+  std::size_t i = begin;
+  for (; i + 8 <= end; i += 8) {
     __builtin_prefetch(out + i + kPrefetchAhead, 1);
     const __m256 d = Lanes8<Fmt>::decode(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
-    _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), d));
+    _mm256_storeu_ps(out + i, combine8<kAcc, kScaled>(out + i, d, s));
   }
-  decode_portable<Fmt>(in, i, n, out);
+  decode_portable<Fmt, kAcc, kScaled>(in, i, end, out, scale);
 }
 #endif  // GZ_CPU_AVX2
 
@@ -146,19 +185,23 @@ void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out) {
 }
 
 template <class Fmt>
-void cast_decode_accumulate(const std::uint16_t* in, std::size_t n, float* out) {
+void cast_decode(const std::uint16_t* in, std::size_t begin, std::size_t end, float* out, Combine c) {
+  const std::uint16_t* src = in + begin;
+  const std::size_t n = end - begin;
+  with_combine(c, [&](auto acc, auto scaled) {
 #if GZ_CPU_AVX2
-  if constexpr (Lanes8<Fmt>::available) {
-    decode_avx2<Fmt>(in, n, out);
-    return;
-  }
+    if constexpr (Lanes8<Fmt>::available) {
+      decode_avx2<Fmt, acc, scaled>(src, 0, n, out, c.scale);
+      return;
+    }
 #endif
-  decode_portable<Fmt>(in, 0, n, out);
+    decode_portable<Fmt, acc, scaled>(src, 0, n, out, c.scale);
+  });
 }
 
 template void cast_encode<HalfFormat>(const float*, float*, std::size_t, std::uint16_t*);
 template void cast_encode<BFloat16Format>(const float*, float*, std::size_t, std::uint16_t*);
-template void cast_decode_accumulate<HalfFormat>(const std::uint16_t*, std::size_t, float*);
-template void cast_decode_accumulate<BFloat16Format>(const std::uint16_t*, std::size_t, float*);
+template void cast_decode<HalfFormat>(const std::uint16_t*, std::size_t, std::size_t, float*, Combine);
+template void cast_decode<BFloat16Format>(const std::uint16_t*, std::size_t, std::size_t, float*, Combine);
 
 }  // namespace gz::kernels::cpu

@@ -7,7 +7,10 @@
 // Conventions, for every function here:
 //   - `g` is the gradient (n floats). `r` is the error-feedback residual (n
 //     floats, updated in place); pass nullptr to encode without feedback.
-//   - decode functions *add* into `out` (out += decoded), never overwrite.
+//   - decode functions decode elements [begin, end) of a payload into
+//     out[0 .. end - begin) as kernels/combine.h says: add into out or
+//     overwrite it, then scale. A sum of payloads decodes them tile by tile
+//     into a small buffer that stays in cache (Codec::decode_sum).
 //   - functions that need scratch memory take (void* ws, std::size_t& ws_bytes):
 //     with ws == nullptr they only store the size they need and return.
 #pragma once
@@ -15,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/combine.h"
 #include "kernels/onebit.h"
 #include "kernels/topk.h"
 
@@ -23,23 +27,30 @@ namespace gz::kernels::cpu {
 // ---- none: fp32 as is ------------------------------------------------------
 /// out = g + r; r = 0 (nothing is lost).
 void copy_encode(const float* g, float* r, std::size_t n, float* out);
-/// out += in.
-void add_accumulate(const float* in, std::size_t n, float* out);
-/// out *= alpha.
-void scale(float* out, std::size_t n, float alpha);
+/// out[i - begin] = combine(out[i - begin], in[i], c), i in [begin, end).
+void copy_decode(const float* in, std::size_t begin, std::size_t end, float* out, Combine c);
+/// out[i] = (in[0][i] + in[1][i] + ... + in[m-1][i]) * scale (the multiply
+/// only when scale != 1), i < n, the additions in that order; `out` may be one
+/// of the inputs. The uncompressed allreduce's reduction: one pass, m reads,
+/// and out written without being read (stream_store).
+void sum(const float* const* in, std::size_t m, std::size_t n, float scale, float* out);
+/// dst[0..n) = src[0..n) with non-temporal stores where the CPU has them: a
+/// result that goes back to memory anyway is not first read into the cache
+/// (half of what writing it costs). Ends with a store fence.
+void stream_store(const float* src, std::size_t n, float* dst);
 
 // ---- fp16 / bf16 (Fmt = HalfFormat | BFloat16Format) -----------------------
 template <class Fmt>
 void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out);
 template <class Fmt>
-void cast_decode_accumulate(const std::uint16_t* in, std::size_t n, float* out);
+void cast_decode(const std::uint16_t* in, std::size_t begin, std::size_t end, float* out, Combine c);
 
 // ---- onebit ---------------------------------------------------------------
 /// scales: onebit_blocks(n, block) entries; bits: onebit_words(n) words.
 void onebit_encode(const float* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
                    std::uint32_t* bits);
-void onebit_decode_accumulate(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n,
-                              std::uint32_t block, float* out);
+void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::uint32_t block, std::size_t begin,
+                   std::size_t end, float* out, Combine c);
 
 // ---- top-k ----------------------------------------------------------------
 /// Exact top-k by magnitude of v = g + r, fused with error feedback: writes
@@ -58,7 +69,10 @@ std::size_t topk_encode_sampled(void* ws, std::size_t& ws_bytes, const float* g,
 inline std::size_t topk_sampled_min(std::size_t k) { return (k + 1) / 2; }
 inline std::size_t topk_sampled_max(std::size_t k) { return k + k / 2; }
 
-/// out[idx[j]] += val[j]. Indices must already be validated (< n).
-void topk_decode_accumulate(const std::uint32_t* idx, const float* val, std::size_t k, float* out);
+/// Elements [begin, end) of a payload of k entries (indices validated:
+/// strictly increasing) combined into out[0 .. end - begin): named elements
+/// take their value, the others follow combine.h's rule for sparse payloads.
+void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t begin, std::size_t end,
+                 float* out, Combine c);
 
 }  // namespace gz::kernels::cpu

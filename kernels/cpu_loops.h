@@ -24,6 +24,14 @@ inline float input(const float* g, const float* r, std::size_t i) {
 }
 
 #if GZ_CPU_AVX2
+/// combine<kAcc, kScaled> (kernels/combine.h) on 8 lanes: o is the output's
+/// 8 floats (read only when accumulating), d the decoded values.
+template <bool kAcc, bool kScaled>
+inline __m256 combine8(const float* o, __m256 d, float scale) {
+  const __m256 v = kAcc ? _mm256_add_ps(_mm256_loadu_ps(o), d) : d;
+  return kScaled ? _mm256_mul_ps(v, _mm256_set1_ps(scale)) : v;
+}
+
 template <bool kEf>
 inline __m256 input8(const float* g, const float* r, std::size_t i) {
   __m256 v = _mm256_loadu_ps(g + i);

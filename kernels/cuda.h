@@ -9,9 +9,10 @@
 //     synchronizes the host unless the function says so. No allocation.
 //   - `g` is the gradient (n floats), `r` the error-feedback residual (n
 //     floats, updated in place; nullptr encodes without feedback).
-//   - Decode functions add into `out`. When `gate` is non-null they do nothing
-//     unless *gate == 0 when they start (the payload status word written by a
-//     validation launch earlier on the same stream).
+//   - Decode functions write all n elements of `out` as kernels/combine.h
+//     says (add or overwrite, then scale), like the CPU loops. When `gate` is
+//     non-null they do nothing unless *gate == 0 when they start (the payload
+//     status word written by a validation launch earlier on the same stream).
 //   - Full speed needs g, r, out and the payload body 16-byte aligned (a
 //     cudaMalloc'd buffer is); other alignments take a scalar path, same bits.
 //   - Functions that need scratch take (void* ws, std::size_t& ws_bytes, ...):
@@ -24,6 +25,7 @@
 #include <cstdint>
 
 #include "common/stream.h"
+#include "kernels/combine.h"
 #include "kernels/onebit.h"
 
 namespace gz::kernels::cuda {
@@ -48,17 +50,15 @@ std::uint32_t fetch_word(const std::uint32_t* device_word, Stream stream);
 // ---- none: fp32 as is ------------------------------------------------------
 /// out = g + r; r = 0 (or out = g without feedback).
 void copy_encode(const float* g, float* r, std::size_t n, float* out, const Blob32& head, Stream stream);
-/// out += in.
-void add_accumulate(const float* in, std::size_t n, float* out, const std::uint32_t* gate, Stream stream);
-/// out *= alpha (an average's final step).
-void scale(float* out, std::size_t n, float alpha, Stream stream);
+/// out[i] = combine(out[i], in[i], c).
+void copy_decode(const float* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate, Stream stream);
 
 // ---- fp16 / bf16 (Fmt = HalfFormat | BFloat16Format) -----------------------
 template <class Fmt>
 void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out, const Blob32& head, Stream stream);
 template <class Fmt>
-void cast_decode_accumulate(const std::uint16_t* in, std::size_t n, float* out, const std::uint32_t* gate,
-                            Stream stream);
+void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate,
+                 Stream stream);
 
 // ---- onebit ---------------------------------------------------------------
 /// scales: onebit_blocks(n, block) entries; bits: onebit_words(n) words.
@@ -67,8 +67,8 @@ void cast_decode_accumulate(const std::uint16_t* in, std::size_t n, float* out, 
 /// a warp per sign word), same bits.
 void onebit_encode(const float* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
                    std::uint32_t* bits, const Blob32& head, Stream stream);
-void onebit_decode_accumulate(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n,
-                              std::uint32_t block, float* out, const std::uint32_t* gate, Stream stream);
+void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n, std::uint32_t block,
+                   float* out, Combine c, const std::uint32_t* gate, Stream stream);
 
 // ---- top-k ----------------------------------------------------------------
 /// Exact (or, with `sampled`, DGC-style) top-k by magnitude of v = g + r,
@@ -98,9 +98,11 @@ void topk_encode(void* ws, std::size_t& ws_bytes, const float* g, float* r, std:
                  bool sampled, std::uint32_t* body, const Blob32& head, const std::uint32_t** count_out,
                  Stream stream);
 
-/// out[idx[j]] += val[j], j < k. Indices must be valid (checked by an earlier
-/// launch that closes `gate` otherwise).
-void topk_decode_accumulate(const std::uint32_t* idx, const float* val, std::size_t k, float* out,
-                            const std::uint32_t* gate, Stream stream);
+/// A payload of k entries combined into out[0..n) (combine.h's rule for sparse
+/// payloads): overwrite zeroes out, then writes the entries; accumulate adds
+/// them, then scales all of out when c.scaled(). Indices must be valid
+/// (checked by an earlier launch that closes `gate` otherwise).
+void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, float* out, Combine c,
+                 const std::uint32_t* gate, Stream stream);
 
 }  // namespace gz::kernels::cuda

@@ -68,10 +68,11 @@ __device__ __forceinline__ T load_pair(const T* array, std::size_t b) {
   return v;
 }
 
-/// out[4u .. 4u+3] += d, as one float4 (out 16-byte aligned).
-__device__ __forceinline__ void accumulate4(float* __restrict__ out, std::size_t u, const float (&d)[4]) {
-  float4 o = reinterpret_cast<float4*>(out)[u];
-  o.x += d[0], o.y += d[1], o.z += d[2], o.w += d[3];
+/// out[4u .. 4u+3] = combine(out, d, c), as one float4 (out 16-byte aligned);
+/// an overwrite does not read out.
+__device__ __forceinline__ void store4(float* __restrict__ out, std::size_t u, const float (&d)[4], Combine c) {
+  float4 o = c.accumulate ? reinterpret_cast<float4*>(out)[u] : float4{};
+  o.x = combine(o.x, d[0], c), o.y = combine(o.y, d[1], c), o.z = combine(o.z, d[2], c), o.w = combine(o.w, d[3], c);
   reinterpret_cast<float4*>(out)[u] = o;
 }
 

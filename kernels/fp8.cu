@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
 template <class Fmt>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const float* __restrict__ scales, const std::uint8_t* __restrict__ codes, std::size_t n,
-                  std::uint32_t block, float* __restrict__ out, const std::uint32_t* gate, bool vec) {
+                  std::uint32_t block, float* __restrict__ out, Combine c, const std::uint32_t* gate, bool vec) {
   if (gate_closed(gate)) return;
   std::size_t tail = 0;
   if (vec) {  // the codes start 4-byte aligned (after the scales), so 4 codes are one word
@@ -90,12 +90,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[e] = fp8_value<Fmt>((word >> (8 * e)) & 0xFFu, scales[(i + e) / block]);
       }
-      accumulate4(out, u, d);
+      store4(out, u, d, c);
     }
     tail = units * 4;
   }
   for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
-    out[i] += fp8_value<Fmt>(codes[i], scales[i / block]);
+    out[i] = combine(out[i], fp8_value<Fmt>(codes[i], scales[i / block]), c);
 }
 
 template <class Fmt>
@@ -111,9 +111,9 @@ void encode_launch(const float* g, float* r, std::size_t n, std::uint32_t block,
 
 template <class Fmt>
 void decode_launch(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t block, float* out,
-                   const std::uint32_t* gate, Stream stream) {
+                   Combine c, const std::uint32_t* gate, Stream stream) {
   const bool vec = aligned16(out) && (reinterpret_cast<std::uintptr_t>(codes) & 3u) == 0;
-  decode_kernel<Fmt><<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, codes, n, block, out, gate, vec);
+  decode_kernel<Fmt><<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, codes, n, block, out, c, gate, vec);
   GZ_LAUNCH_CHECK(decode_kernel);
 }
 
@@ -132,14 +132,14 @@ void fp8_encode(const float* g, float* r, std::size_t n, std::uint32_t exp_bits,
     encode_launch<Fp8E5M2>(g, r, n, block, scales, codes, head, stream);
 }
 
-void fp8_decode_accumulate(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
-                           std::uint32_t block, float* out, const std::uint32_t* gate, Stream stream) {
+void fp8_decode(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
+                std::uint32_t block, float* out, Combine c, const std::uint32_t* gate, Stream stream) {
   GZ_ENFORCE((exp_bits == 4 || exp_bits == 5) && block >= 1, "fp8: exponent bits ", exp_bits, ", block ", block);
   if (n == 0) return;
   if (exp_bits == 4)
-    decode_launch<Fp8E4M3>(scales, codes, n, block, out, gate, stream);
+    decode_launch<Fp8E4M3>(scales, codes, n, block, out, c, gate, stream);
   else
-    decode_launch<Fp8E5M2>(scales, codes, n, block, out, gate, stream);
+    decode_launch<Fp8E5M2>(scales, codes, n, block, out, c, gate, stream);
 }
 
 }  // namespace gz::kernels::cuda

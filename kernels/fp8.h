@@ -150,8 +150,9 @@ namespace cpu {
 /// multiple of 4 (written). exp_bits 4 (e4m3) or 5 (e5m2), block >= 1.
 void fp8_encode(const float* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
                 std::uint8_t* codes);
-void fp8_decode_accumulate(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
-                           std::uint32_t block, float* out);
+/// Elements [begin, end) into out[0 .. end - begin), combined as `c` says.
+void fp8_decode(const float* scales, const std::uint8_t* codes, std::uint32_t exp_bits, std::uint32_t block,
+                std::size_t begin, std::size_t end, float* out, Combine c);
 }  // namespace cpu
 
 namespace cuda {
@@ -159,8 +160,8 @@ namespace cuda {
 /// per lane and element, residual); blocks of up to 512 stay in registers.
 void fp8_encode(const float* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
                 std::uint8_t* codes, const Blob32& head, Stream stream);
-void fp8_decode_accumulate(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
-                           std::uint32_t block, float* out, const std::uint32_t* gate, Stream stream);
+void fp8_decode(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
+                std::uint32_t block, float* out, Combine c, const std::uint32_t* gate, Stream stream);
 }  // namespace cuda
 
 }  // namespace gz::kernels

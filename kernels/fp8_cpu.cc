@@ -118,11 +118,12 @@ inline void convert32(const float* g, float* r, std::size_t i, Fp8Scale s, std::
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), ordered);
 }
 
-template <class Fmt>
-inline void decode8(const std::uint8_t* codes, std::size_t i, float scale, float* out) {
+// Elements i..i+7 into o[0..7], combined (kernels/combine.h, 8 lanes).
+template <class Fmt, bool kAcc, bool kScaled>
+inline void decode8(const std::uint8_t* codes, std::size_t i, float scale, float* o, float out_scale) {
   const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
   const __m256 d = _mm256_mul_ps(Lanes<Fmt>::decode(_mm256_cvtepu8_epi32(raw)), _mm256_set1_ps(scale));
-  _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), d));
+  _mm256_storeu_ps(o, combine8<kAcc, kScaled>(o, d, out_scale));
 }
 #endif  // GZ_CPU_AVX2
 
@@ -153,19 +154,23 @@ void encode(const float* g, float* r, std::size_t n, std::uint32_t block, float*
   for (std::size_t i = n; i % 4 != 0; ++i) codes[i] = 0;  // padding
 }
 
-template <class Fmt>
-void decode(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t block, float* out) {
-  const std::size_t blocks = Fp8Layout::blocks(fp8_param(Fmt::exp_bits, block), n);
-  for (std::size_t b = 0; b < blocks; ++b) {
-    const std::size_t begin = b * block, end = std::min<std::size_t>(n, begin + block);
+// Elements [first, last) into out[0 .. last - first).
+template <class Fmt, bool kAcc, bool kScaled>
+void decode(const float* scales, const std::uint8_t* codes, std::uint32_t block, std::size_t first, std::size_t last,
+            float* out, float out_scale) {
+  for (std::size_t b = first / block; b * block < last; ++b) {
+    const std::size_t begin = std::max(first, b * block), end = std::min<std::size_t>(last, (b + 1) * std::size_t{block});
     float scale;
     std::memcpy(&scale, &scales[b], sizeof scale);
-    for (std::size_t p = begin; p < end; p += 16) __builtin_prefetch(out + p + kPrefetchAhead, 1);
+    for (std::size_t p = begin; p < end; p += 16) __builtin_prefetch(out + (p - first) + kPrefetchAhead, 1);
     std::size_t i = begin;
 #if GZ_CPU_AVX2
-    for (; i + 8 <= end; i += 8) decode8<Fmt>(codes, i, scale, out);
+    for (; i + 8 <= end; i += 8) decode8<Fmt, kAcc, kScaled>(codes, i, scale, out + (i - first), out_scale);
 #endif
-    for (; i < end; ++i) out[i] += fp8_value<Fmt>(codes[i], scale);
+    for (; i < end; ++i) {
+      float& o = out[i - first];
+      o = combine<kAcc, kScaled>(o, fp8_value<Fmt>(codes[i], scale), out_scale);
+    }
   }
 }
 
@@ -179,12 +184,15 @@ void fp8_encode(const float* g, float* r, std::size_t n, std::uint32_t exp_bits,
     r ? encode<Fp8E5M2, true>(g, r, n, block, scales, codes) : encode<Fp8E5M2, false>(g, r, n, block, scales, codes);
 }
 
-void fp8_decode_accumulate(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
-                           std::uint32_t block, float* out) {
-  if (exp_bits == 4)
-    decode<Fp8E4M3>(scales, codes, n, block, out);
-  else
-    decode<Fp8E5M2>(scales, codes, n, block, out);
+void fp8_decode(const float* scales, const std::uint8_t* codes, std::uint32_t exp_bits, std::uint32_t block,
+                std::size_t begin, std::size_t end, float* out, Combine c) {
+  if (begin >= end) return;
+  with_combine(c, [&](auto acc, auto scaled) {
+    if (exp_bits == 4)
+      decode<Fp8E4M3, acc, scaled>(scales, codes, block, begin, end, out, c.scale);
+    else
+      decode<Fp8E5M2, acc, scaled>(scales, codes, block, begin, end, out, c.scale);
+  });
 }
 
 }  // namespace gz::kernels::cpu

@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 // Decode: 4 consecutive elements per thread (one float4 of out, 4 bits of a word).
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const OnebitScales* __restrict__ scales, const std::uint32_t* __restrict__ bits, std::size_t n,
-                  std::uint32_t block, float* __restrict__ out, const std::uint32_t* gate, bool vec) {
+                  std::uint32_t block, float* __restrict__ out, Combine c, const std::uint32_t* gate, bool vec) {
   if (gate_closed(gate)) return;
   std::size_t tail = 0;
   if (vec) {
@@ -164,12 +164,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[e] = onebit_value((nib >> e) & 1u, load_pair(scales, (i + e) / block));
       }
-      accumulate4(out, u, d);
+      store4(out, u, d, c);
     }
     tail = units * 4;
   }
   for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
-    out[i] += onebit_value((bits[i / 32] >> (i % 32)) & 1u, load_pair(scales, i / block));
+    out[i] = combine(out[i], onebit_value((bits[i / 32] >> (i % 32)) & 1u, load_pair(scales, i / block)), c);
 }
 
 }  // namespace
@@ -205,12 +205,12 @@ void onebit_encode(const float* g, float* r, std::size_t n, std::uint32_t block,
   GZ_LAUNCH_CHECK(words_kernel);
 }
 
-void onebit_decode_accumulate(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n,
-                              std::uint32_t block, float* out, const std::uint32_t* gate, Stream stream) {
+void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n, std::uint32_t block,
+                   float* out, Combine c, const std::uint32_t* gate, Stream stream) {
   GZ_ENFORCE(block >= 1, "onebit block size must be >= 1");
   if (n == 0) return;
   const bool vec = aligned16(out);
-  decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, bits, n, block, out, gate, vec);
+  decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, bits, n, block, out, c, gate, vec);
   GZ_LAUNCH_CHECK(decode_kernel);
 }
 

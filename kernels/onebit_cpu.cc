@@ -160,12 +160,41 @@ void encode(const float* g, float* r, std::size_t n, std::uint32_t block, Onebit
   }
 }
 
-inline void decode_word(std::uint32_t word, std::size_t base, int lo, int hi, OnebitScales s, float* out) {
-  for (int b = lo; b < hi; ++b) out[base + b] += onebit_value((word >> b) & 1u, s);
+// Bits lo..hi-1 of the word of elements base..base+31, into out, which
+// holds element `first` at out[0] (base + lo >= first).
+template <bool kAcc, bool kScaled>
+inline void decode_word(std::uint32_t word, std::size_t base, int lo, int hi, OnebitScales s, float scale,
+                        float* out, std::size_t first) {
+  for (int b = lo; b < hi; ++b) {
+    float& o = out[base + static_cast<std::size_t>(b) - first];
+    o = combine<kAcc, kScaled>(o, onebit_value((word >> b) & 1u, s), scale);
+  }
 }
 
-inline void decode_full_word(std::uint32_t word, std::size_t base, OnebitScales s, float* out) {
-  for (int b = 0; b < 32; ++b) out[base + b] += onebit_value((word >> b) & 1u, s);
+template <bool kAcc, bool kScaled>
+inline void decode_full_word(std::uint32_t word, OnebitScales s, float scale, float* o) {
+  for (int b = 0; b < 32; ++b) o[b] = combine<kAcc, kScaled>(o[b], onebit_value((word >> b) & 1u, s), scale);
+}
+
+template <bool kAcc, bool kScaled>
+void decode(const OnebitScales* scales, const std::uint32_t* bits, std::uint32_t block, std::size_t begin,
+            std::size_t end, float* out, float scale) {
+  for (std::size_t b = begin / block; b * block < end; ++b) {
+    const std::size_t lo_i = std::max<std::size_t>(begin, b * block);
+    const std::size_t hi_i = std::min<std::size_t>(end, (b + 1) * std::size_t{block});
+    const OnebitScales s = scales[b];
+    for (std::size_t p = lo_i; p < hi_i; p += 16) __builtin_prefetch(out + (p - begin) + kPrefetchAhead, 1);
+    for (std::size_t i = lo_i; i < hi_i;) {
+      const std::size_t w = i / 32, base = w * 32;
+      const int lo = static_cast<int>(i - base);
+      const int hi = static_cast<int>(std::min<std::size_t>(hi_i - base, 32));
+      if (lo == 0 && hi == 32)
+        decode_full_word<kAcc, kScaled>(bits[w], s, scale, out + (base - begin));
+      else
+        decode_word<kAcc, kScaled>(bits[w], base, lo, hi, s, scale, out, begin);
+      i = base + hi;
+    }
+  }
 }
 
 }  // namespace
@@ -178,25 +207,10 @@ void onebit_encode(const float* g, float* r, std::size_t n, std::uint32_t block,
     encode<false>(g, r, n, block, scales, bits);
 }
 
-void onebit_decode_accumulate(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n,
-                              std::uint32_t block, float* out) {
-  const std::size_t blocks = onebit_blocks(n, block);
-  for (std::size_t b = 0; b < blocks; ++b) {
-    const std::size_t begin = b * block;
-    const std::size_t end = std::min<std::size_t>(n, begin + block);
-    const OnebitScales s = scales[b];
-    for (std::size_t p = begin; p < end; p += 16) __builtin_prefetch(out + p + kPrefetchAhead, 1);
-    for (std::size_t i = begin; i < end;) {
-      const std::size_t w = i / 32, base = w * 32;
-      const int lo = static_cast<int>(i - base);
-      const int hi = static_cast<int>(std::min<std::size_t>(end - base, 32));
-      if (lo == 0 && hi == 32)
-        decode_full_word(bits[w], base, s, out);
-      else
-        decode_word(bits[w], base, lo, hi, s, out);
-      i = base + hi;
-    }
-  }
+void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::uint32_t block, std::size_t begin,
+                   std::size_t end, float* out, Combine c) {
+  if (begin >= end) return;
+  with_combine(c, [&](auto acc, auto scaled) { decode<acc, scaled>(scales, bits, block, begin, end, out, c.scale); });
 }
 
 }  // namespace gz::kernels::cpu

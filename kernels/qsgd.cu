@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(kThreads)
 // Decode: 4 consecutive elements per thread (one float4 of out).
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const QsgdScale* __restrict__ scales, const std::uint32_t* __restrict__ words, std::size_t n,
-                  std::uint32_t bits, std::uint32_t bucket, float* __restrict__ out, const std::uint32_t* gate,
-                  bool vec) {
+                  std::uint32_t bits, std::uint32_t bucket, float* __restrict__ out, Combine c,
+                  const std::uint32_t* gate, bool vec) {
   if (gate_closed(gate)) return;
   std::size_t tail = 0;
   if (vec) {
@@ -187,12 +187,12 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e)
           d[e] = qsgd_value(qsgd_code_at(words, i + e, bits), load_pair(scales, (i + e) / bucket));
       }
-      accumulate4(out, u, d);
+      store4(out, u, d, c);
     }
     tail = units * 4;
   }
   for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
-    out[i] += qsgd_value(qsgd_code_at(words, i, bits), load_pair(scales, i / bucket));
+    out[i] = combine(out[i], qsgd_value(qsgd_code_at(words, i, bits), load_pair(scales, i / bucket)), c);
 }
 
 }  // namespace
@@ -229,13 +229,13 @@ void qsgd_encode(const float* g, float* r, std::size_t n, std::uint32_t bits, st
   GZ_LAUNCH_CHECK(groups_kernel);
 }
 
-void qsgd_decode_accumulate(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,
-                            std::uint32_t bucket, float* out, const std::uint32_t* gate, Stream stream) {
+void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,
+                 std::uint32_t bucket, float* out, Combine c, const std::uint32_t* gate, Stream stream) {
   GZ_ENFORCE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits && bucket >= 1, "qsgd: bits ", bits, ", bucket ", bucket);
   if (n == 0) return;
   const bool vec = aligned16(out);
-  decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, words, n, bits, bucket, out, gate,
-                                                                        vec);
+  decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, words, n, bits, bucket, out, c,
+                                                                        gate, vec);
   GZ_LAUNCH_CHECK(decode_kernel);
 }
 

@@ -132,8 +132,9 @@ namespace cpu {
 /// (every word is written). bits in 2..8, bucket >= 1.
 void qsgd_encode(const float* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
                  const QsgdRounding& rounding, QsgdScale* scales, std::uint32_t* words);
-void qsgd_decode_accumulate(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,
-                            std::uint32_t bucket, float* out);
+/// Elements [begin, end) into out[0 .. end - begin), combined as `c` says.
+void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::uint32_t bits, std::uint32_t bucket,
+                 std::size_t begin, std::size_t end, float* out, Combine c);
 }  // namespace cpu
 
 namespace cuda {
@@ -143,8 +144,8 @@ namespace cuda {
 void qsgd_encode(const float* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
                  const QsgdRounding& rounding, QsgdScale* scales, std::uint32_t* words, const Blob32& head,
                  Stream stream);
-void qsgd_decode_accumulate(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,
-                            std::uint32_t bucket, float* out, const std::uint32_t* gate, Stream stream);
+void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,
+                 std::uint32_t bucket, float* out, Combine c, const std::uint32_t* gate, Stream stream);
 }  // namespace cuda
 
 }  // namespace gz::kernels

@@ -240,11 +240,15 @@ void group_avx2(const float* g, float* r, std::size_t i, const Bucket& b, std::u
 }
 
 // Decode of a group of 32 inside one bucket, B = 2, 4 or 8.
-void decode_group_avx2(const std::uint32_t* in, std::size_t i, QsgdScale s, std::uint32_t bits, float* out) {
+// The 32 elements of group i/32 into o[0..31], combined (kernels/combine.h).
+template <bool kAcc, bool kScaled>
+void decode_group_avx2(const std::uint32_t* in, std::size_t i, QsgdScale s, std::uint32_t bits, float* o,
+                       float out_scale) {
   const __m256 lo = _mm256_set1_ps(s.lo), unit = _mm256_set1_ps(s.unit);
-  auto add8 = [&](std::size_t at, __m256i q) {  // out += lo + q * unit
+  auto add8 = [&](std::size_t at, __m256i q) {  // o[at - i ..] = combine(o, lo + q * unit)
     const __m256 d = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_cvtepi32_ps(q), unit));
-    _mm256_storeu_ps(out + at, _mm256_add_ps(_mm256_loadu_ps(out + at), d));
+    float* p = o + (at - i);
+    _mm256_storeu_ps(p, combine8<kAcc, kScaled>(p, d, out_scale));
   };
   const std::uint32_t* w = in + i / kGroup * bits;
   switch (bits) {
@@ -326,26 +330,39 @@ void qsgd_encode(const float* g, float* r, std::size_t n, std::uint32_t bits, st
     encode<false>(g, r, n, bits, bucket, rounding, scales, words);
 }
 
-void qsgd_decode_accumulate(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,
-                            std::uint32_t bucket, float* out) {
-  const std::size_t buckets = QsgdLayout::buckets(qsgd_param(bits, bucket), n);
-  for (std::size_t bi = 0; bi < buckets; ++bi) {
-    const std::size_t begin = bi * bucket, end = std::min<std::size_t>(n, begin + bucket);
+namespace {
+
+// Elements [first, last) into out[0 .. last - first).
+template <bool kAcc, bool kScaled>
+void decode(const QsgdScale* scales, const std::uint32_t* words, std::uint32_t bits, std::uint32_t bucket,
+            std::size_t first, std::size_t last, float* out, float out_scale) {
+  for (std::size_t bi = first / bucket; bi * bucket < last; ++bi) {
+    const std::size_t begin = std::max(first, bi * bucket);
+    const std::size_t end = std::min<std::size_t>(last, (bi + 1) * std::size_t{bucket});
     QsgdScale s;
     std::memcpy(&s, &scales[bi], sizeof s);
-    for (std::size_t p = begin; p < end; p += 16) __builtin_prefetch(out + p + kPrefetchAhead, 1);
+    for (std::size_t p = begin; p < end; p += 16) __builtin_prefetch(out + (p - first) + kPrefetchAhead, 1);
     for (std::size_t i = begin; i < end;) {
 #if GZ_CPU_AVX2
       if (simd_bits(bits) && i % kGroup == 0 && i + kGroup <= end) {
-        decode_group_avx2(words, i, s, bits, out);
+        decode_group_avx2<kAcc, kScaled>(words, i, s, bits, out + (i - first), out_scale);
         i += kGroup;
         continue;
       }
 #endif
-      out[i] += qsgd_value(qsgd_code_at(words, i, bits), s);
+      float& o = out[i - first];
+      o = combine<kAcc, kScaled>(o, qsgd_value(qsgd_code_at(words, i, bits), s), out_scale);
       ++i;
     }
   }
+}
+
+}  // namespace
+
+void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::uint32_t bits, std::uint32_t bucket,
+                 std::size_t begin, std::size_t end, float* out, Combine c) {
+  if (begin >= end) return;
+  with_combine(c, [&](auto acc, auto scaled) { decode<acc, scaled>(scales, words, bits, bucket, begin, end, out, c.scale); });
 }
 
 }  // namespace gz::kernels::cpu

@@ -525,10 +525,22 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    scatter_add_kernel(const unsigned* __restrict__ idx, const float* __restrict__ val, std::size_t k,
-                       float* __restrict__ out, const std::uint32_t* gate) {
+    scatter_kernel(const unsigned* __restrict__ idx, const float* __restrict__ val, std::size_t k,
+                   float* __restrict__ out, Combine c, const std::uint32_t* gate) {
   if (gate_closed(gate)) return;
-  for (std::size_t j = global_thread(); j < k; j += grid_threads()) out[idx[j]] += val[j];
+  // Overwrite: out was just set to the untouched value; indices are distinct.
+  for (std::size_t j = global_thread(); j < k; j += grid_threads())
+    out[idx[j]] = c.accumulate ? out[idx[j]] + val[j] : combine(0.0f, val[j], c);
+}
+
+// The elements a sparse payload does not name: overwrite sets them (and the
+// named ones, rewritten next) to the scaled zero; accumulate scales every
+// element after the scatter.
+__global__ void __launch_bounds__(kThreads)
+    fill_or_scale_kernel(float* __restrict__ out, std::size_t n, Combine c, const std::uint32_t* gate) {
+  if (gate_closed(gate)) return;
+  const float zero = c.scaled() ? 0.0f * c.scale : 0.0f;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = c.accumulate ? out[i] * c.scale : zero;
 }
 
 template <bool kEf>
@@ -610,11 +622,21 @@ void topk_encode(void* ws, std::size_t& ws_bytes, const float* g, float* r, std:
     launch_select<false>(l, g, r, n, k, sampled, body, head, stream);
 }
 
-void topk_decode_accumulate(const std::uint32_t* idx, const float* val, std::size_t k, float* out,
-                            const std::uint32_t* gate, Stream stream) {
-  if (k == 0) return;
-  scatter_add_kernel<<<grid_for(k), kThreads, 0, stream>>>(idx, val, k, out, gate);
-  GZ_LAUNCH_CHECK(scatter_add_kernel);
+void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, float* out, Combine c,
+                 const std::uint32_t* gate, Stream stream) {
+  if (n == 0) return;
+  if (!c.accumulate) {
+    fill_or_scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, c, gate);
+    GZ_LAUNCH_CHECK(fill_or_scale_kernel);
+  }
+  if (k > 0) {
+    scatter_kernel<<<grid_for(k), kThreads, 0, stream>>>(idx, val, k, out, c, gate);
+    GZ_LAUNCH_CHECK(scatter_kernel);
+  }
+  if (c.accumulate && c.scaled()) {
+    fill_or_scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, c, gate);
+    GZ_LAUNCH_CHECK(fill_or_scale_kernel);
+  }
 }
 
 }  // namespace gz::kernels::cuda

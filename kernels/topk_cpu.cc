@@ -391,8 +391,22 @@ std::size_t topk_encode_sampled(void* ws, std::size_t& ws_bytes, const float* g,
   return encode_entry(ws, ws_bytes, g, r, n, k, true, idx, val);
 }
 
-void topk_decode_accumulate(const std::uint32_t* idx, const float* val, std::size_t k, float* out) {
-  for (std::size_t j = 0; j < k; ++j) out[idx[j]] += val[j];
+void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t begin, std::size_t end,
+                 float* out, Combine c) {
+  if (begin >= end) return;
+  // The entries inside [begin, end): indices are strictly increasing.
+  const std::size_t j0 = static_cast<std::size_t>(std::lower_bound(idx, idx + k, begin) - idx);
+  const std::size_t j1 = static_cast<std::size_t>(std::lower_bound(idx + j0, idx + k, end) - idx);
+  if (!c.accumulate) {
+    std::fill(out, out + (end - begin), c.scaled() ? 0.0f * c.scale : 0.0f);
+    with_combine(c, [&](auto acc, auto scaled) {
+      for (std::size_t j = j0; j < j1; ++j) out[idx[j] - begin] = combine<acc, scaled>(0.0f, val[j], c.scale);
+    });
+    return;
+  }
+  for (std::size_t j = j0; j < j1; ++j) out[idx[j] - begin] += val[j];
+  if (c.scaled())  // the elements the payload does not name are scaled too
+    for (std::size_t i = 0; i < end - begin; ++i) out[i] *= c.scale;
 }
 
 }  // namespace gz::kernels::cpu

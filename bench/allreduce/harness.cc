@@ -110,7 +110,7 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   auto codec = make_codec(spec);
   Row row;
   row.codec = codec->spec();
-  row.algorithm = resolve_algorithm(algorithm, codec->config(), m.P);
+  row.algorithm = resolve_algorithm(algorithm, codec->config(), m.comm.topology());
   row.transport = to_string(m.o.transport);
   row.ranks = m.P;
   row.elements = n;
@@ -123,6 +123,7 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   call.algorithm = row.algorithm;
   call.device = m.o.device;
   call.stream = m.stream;
+  call.segment_bytes = m.o.segment_bytes;
   call.stats = &stats;
 
   // First call from zero EF state: the error and the cross-rank check.
@@ -140,8 +141,11 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
     m.load(n);
     m.comm.allreduce(m.buffer(n), n, *codec, state, call);
   }
-  double enc = 0, com = 0, dec = 0, tot = 0;
-  std::size_t wire = 0;
+  double enc = 0, com = 0, dec = 0, tot = 0, wait = 0;
+  std::size_t wire = 0, local = 0;
+  // With several nodes, what crosses them is what the links carry: the wire
+  // column counts it, and the node-local bytes apart.
+  const bool nodes = m.comm.topology().nodes() > 1;
   for (int i = 0; i < m.o.iters; ++i) {
     m.load(n);
     m.comm.transport().barrier(CallContext{m.o.device, m.stream, m.comm.timeout()});  // start together
@@ -150,21 +154,38 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
     com += stats.comm_s;
     dec += stats.decode_s;
     tot += stats.total_s;
-    wire = std::max(wire, stats.wire_bytes);
+    wait += stats.wait_s;
+    wire = std::max(wire, nodes ? stats.remote_bytes : stats.wire_bytes);
+    local = std::max(local, nodes ? stats.wire_bytes - stats.remote_bytes : 0);
   }
   const double k = 1e3 / m.o.iters;
-  const auto mx = m.max_over_ranks({enc * k, com * k, dec * k, tot * k, static_cast<double>(wire)});
+  // The hidden share of each rank, then the least over ranks (as -max(-x)).
+  const double compute = enc + dec;
+  const double hidden = compute > 0 ? std::clamp((com - wait) / compute, 0.0, 1.0) : 0.0;
+  const auto mx = m.max_over_ranks(
+      {enc * k, com * k, dec * k, tot * k, static_cast<double>(wire), wait * k, -hidden, static_cast<double>(stats.segments),
+       static_cast<double>(local)});
   row.encode_ms = mx[0];
   row.comm_ms = mx[1];
   row.decode_ms = mx[2];
   row.total_ms = mx[3];
   row.wire_bytes = static_cast<std::size_t>(mx[4]);
+  row.wait_ms = mx[5];
+  row.hidden = -mx[6];
+  row.segments = static_cast<std::size_t>(mx[7]);
+  row.local_bytes = static_cast<std::size_t>(mx[8]);
 
-  const std::size_t C = codec->max_payload_bytes(n);
-  const std::size_t codec_ws = codec->workspace_bytes(row.algorithm == Algorithm::Allgather ? n : chunk_range(n, m.P, 0).count, m.o.device);
-  row.workspace_bytes = AllreduceWorkspace::comm_bytes_for(*codec, n, m.P, m.me, row.algorithm) + codec_ws;
-  row.workspace_bound = (static_cast<std::size_t>(m.P) + 1) * C + 4 * ((n + m.P - 1) / m.P) +
-                        256 * (2 * static_cast<std::size_t>(m.P) + 2) + codec_ws;  // + slot alignment
+  // The workspace: what the call laid out (its segments' slots and sums),
+  // and the bound docs/comm.md promises: (P + 1) payloads of the whole buffer
+  // + n/P floats, plus 6P slots of a segment (3 per member per segment in
+  // flight) and two segments' sums, plus the codec's scratch.
+  const std::size_t C = codec->max_payload_bytes(n), P_ = static_cast<std::size_t>(m.P);
+  const std::size_t segment = (m.o.segment_bytes ? m.o.segment_bytes : kDefaultSegmentBytes) + 256;
+  const std::size_t codec_ws = codec->workspace_bytes(n, m.o.device);  // at most: segments are shorter
+  row.workspace_bytes = AllreduceWorkspace::comm_bytes_for(*codec, n, m.P, m.me, row.algorithm, m.o.segment_bytes,
+                                                           &m.comm.topology(), m.o.device) +
+                        codec_ws;
+  row.workspace_bound = (P_ + 1) * C + 4 * ((n + P_ - 1) / P_) + 6 * P_ * segment + 8 * segment + codec_ws;
   row.ok = row.identical && row.rel_error <= row.error_bound && row.workspace_bytes <= row.workspace_bound;
   if (!row.identical) row.note = "ranks disagree";
   else if (row.rel_error > row.error_bound) row.note = "error above bound";

@@ -16,9 +16,13 @@ struct Row {
   std::string transport;
   int ranks = 1;
   std::size_t elements = 0;
-  std::size_t wire_bytes = 0;      ///< bytes one rank sends per call (max over ranks)
+  std::size_t wire_bytes = 0;      ///< bytes one rank sends per call to other ranks (several nodes: other nodes)
+  std::size_t local_bytes = 0;     ///< several nodes: bytes one rank sends per call within its node
   double ratio = 0;                ///< fp32 baseline wire bytes / this row's
   double encode_ms = 0, comm_ms = 0, decode_ms = 0, total_ms = 0;  ///< mean per call, max over ranks
+  double wait_ms = 0;              ///< blocked on the wire: the comm not hidden (mean, max over ranks)
+  double hidden = 0;               ///< share of encode + decode that ran while bytes moved (0..1)
+  std::size_t segments = 0;        ///< pipeline steps per call
   double baseline_ms = 0;          ///< the uncompressed fp32 allreduce (none, scatter_reduce)
   double speedup = 0;
   double rel_error = 0;            ///< ||out - exact|| / ||exact|| of the first call (zero EF state)

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
 #if GZ_HAVE_UCX
     if (auto* u = dynamic_cast<UcxTransport*>(&comm->transport())) desc = u->describe();
 #endif
-    if (root) bench::print_header(o, comm->size(), desc);
+    if (root) bench::print_header(o, comm->size(), desc, comm->topology().describe());
 
     bench::Harness h(*comm, o);
     std::vector<bench::Row> rows;
@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       for (const auto& spec : o.codecs) {
         const CodecConfig cfg = parse_spec(spec);
         const bool is_base = cfg.id == CodecId::None &&
-                             resolve_algorithm(o.algorithm, cfg, comm->size()) == Algorithm::ScatterReduce;
+                             resolve_algorithm(o.algorithm, cfg, comm->topology()) == Algorithm::ScatterReduce;
         bench::Row r = is_base ? base : h.run(spec, n, o.algorithm);
         if (r.codec == "none" && r.algorithm == Algorithm::ScatterReduce) base_listed = true;
         finish(r);

@@ -55,7 +55,8 @@ void usage(FILE* f) {
                "  --codecs LIST      comma-separated codec specs (default %s)\n"
                "  --sizes LIST       element counts with K/M/G suffixes (default 1M,4M,16M)\n"
                "  --transport T      ucx | nccl (default ucx)\n"
-               "  --algorithm A      auto | allgather | scatter_reduce (default auto)\n"
+               "  --algorithm A      auto | allgather | scatter_reduce | hierarchical (default auto)\n"
+               "  --segment BYTES    payload bytes per pipeline segment, K/M suffixes (default 1M)\n"
                "  --iters N          timed iterations per row (default 5)\n"
                "  --warmup N         untimed iterations first (default 2)\n"
                "  --device D         cpu | cuda (default cpu; ranks may share a GPU over ucx)\n"
@@ -101,6 +102,8 @@ std::size_t parse_size(const std::string& s) {
   return v * mult;
 }
 
+std::size_t parse_bytes(const std::string& s) { return parse_size(s); }
+
 Options parse_options(int argc, char** argv) {
   Options o;
   static const option longs[] = {{"codecs", required_argument, nullptr, 'c'},
@@ -114,10 +117,11 @@ Options parse_options(int argc, char** argv) {
                                  {"jsonl", required_argument, nullptr, 'l'},
                                  {"timeout", required_argument, nullptr, 'T'},
                                  {"list-codecs", no_argument, nullptr, 'L'},
+                                 {"segment", required_argument, nullptr, 'S'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
   try {
-    for (int c; (c = getopt_long(argc, argv, "c:s:t:a:i:w:d:j:l:T:h", longs, nullptr)) != -1;) {
+    for (int c; (c = getopt_long(argc, argv, "c:s:t:a:i:w:d:j:l:T:S:h", longs, nullptr)) != -1;) {
       const std::string v = optarg ? optarg : "";
       switch (c) {
         case 'c':
@@ -150,6 +154,10 @@ Options parse_options(int argc, char** argv) {
           if (*end || !(o.timeout_s > 0)) bad("--timeout must be a positive number of seconds");
           break;
         }
+        case 'S':
+          o.segment_bytes = parse_bytes(v);
+          if (o.segment_bytes == 0) bad("--segment must be at least 1 byte");
+          break;
         case 'h': usage(stdout); std::exit(0);
         case 'L': list_codecs(); std::exit(0);
         default: usage(stderr); std::exit(2);

@@ -24,7 +24,11 @@ struct Options {
   std::string json;       ///< write records here when set
   std::string jsonl;      ///< append each record here as it finishes
   double timeout_s = 0;   ///< 0: GRADZIP_TIMEOUT_S or 60
+  std::size_t segment_bytes = 0;  ///< payload bytes per pipeline segment (0: the library's default)
 };
+
+/// "4096", "512K", "2M" (powers of 1024), counts of bytes.
+std::size_t parse_bytes(const std::string& s);
 
 /// "64", "1K", "16M", "2G" (powers of 1024), counts of floats.
 std::size_t parse_size(const std::string& s);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -37,7 +38,7 @@ std::string num(double v) {
 
 }  // namespace
 
-void print_header(const Options& o, int ranks, const std::string& transport_desc) {
+void print_header(const Options& o, int ranks, const std::string& transport_desc, const std::string& topology) {
   utsname u{};
   ::uname(&u);
   char host[256] = {};
@@ -48,24 +49,32 @@ void print_header(const Options& o, int ranks, const std::string& transport_desc
   std::printf("# gradzip-bench: compressed allreduce, %d ranks\n", ranks);
   std::printf("# transport: %s   device: %s   algorithm: %s   iters: %d   warmup: %d\n", transport_desc.c_str(),
               to_string(o.device), to_string(o.algorithm), o.iters, o.warmup);
+  const char* link = std::getenv("GRADZIP_LINK");
+  std::printf("# topology: %s   link: %s   segment: %zu bytes\n", topology.c_str(), link ? link : "local",
+              o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes);
   std::printf("# machine: %s (%s %s, %s), %ld cpus   %s\n", host, u.sysname, u.release, cpu_model().c_str(),
               ::sysconf(_SC_NPROCESSORS_ONLN), date);
-  std::printf("# times: mean per call, max over ranks. wire: bytes one rank sends per call. ratio: fp32\n"
+  std::printf("# times: mean per call, max over ranks. wire: bytes one rank sends per call (with several\n"
+              "# nodes: to other nodes, what crosses the links; node-local traffic is not counted). ratio: fp32\n"
               "# baseline wire bytes / this row's. speedup: baseline total / this row's total, where the\n"
               "# baseline is the uncompressed fp32 allreduce (none, scatter_reduce) on the same transport.\n"
-              "# rel_err: ||out - exact|| / ||exact|| of the first call (zero EF state). workspace: bytes per\n"
-              "# rank beyond the buffer and EF state.\n#\n");
-  std::printf("# %11s  %-26s %-14s %12s %7s %9s %9s %9s %9s %8s %9s %12s  %s\n", "elements", "codec", "algorithm",
-              "wire(B)", "ratio", "enc(ms)", "comm(ms)", "dec(ms)", "total(ms)", "speedup", "rel_err",
-              "workspace(B)", "check");
+              "# The calls are pipelined (seg: segments per call), so enc + dec + comm > total: enc and dec\n"
+              "# are the codec's work, comm the time with bytes in flight, wait the part of it spent blocked.\n"
+              "# hidden: the share of enc + dec that ran while bytes moved, (comm - wait) / (enc + dec),\n"
+              "# least over ranks. rel_err: ||out - exact|| / ||exact|| of the first call (zero EF state).\n"
+              "# workspace: bytes per rank beyond the buffer and EF state.\n#\n");
+  std::printf("# %11s  %-26s %-14s %12s %7s %9s %9s %9s %9s %6s %4s %9s %8s %9s %12s  %s\n", "elements", "codec",
+              "algorithm", "wire(B)", "ratio", "enc(ms)", "dec(ms)", "comm(ms)", "wait(ms)", "hidden", "seg",
+              "total(ms)", "speedup", "rel_err", "workspace(B)", "check");
   std::fflush(stdout);
 }
 
 void print_row(const Row& r) {
-  std::printf("  %11zu  %-26s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %8.2f %9.2e %12zu  %s%s%s\n", r.elements,
-              r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm), r.wire_bytes, r.ratio,
-              r.encode_ms, r.comm_ms, r.decode_ms, r.total_ms, r.speedup, r.rel_error, r.workspace_bytes,
-              r.ok ? "OK" : "FAILED", r.note.empty() ? "" : ": ", r.note.c_str());
+  std::printf("  %11zu  %-26s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %5.0f%% %4zu %9.3f %8.2f %9.2e %12zu  %s%s%s\n",
+              r.elements, r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm),
+              r.wire_bytes, r.ratio, r.encode_ms, r.decode_ms, r.comm_ms, r.wait_ms, 100 * r.hidden, r.segments,
+              r.total_ms, r.speedup, r.rel_error, r.workspace_bytes, r.ok ? "OK" : "FAILED",
+              r.note.empty() ? "" : ": ", r.note.c_str());
   std::fflush(stdout);
 }
 
@@ -73,7 +82,7 @@ bool print_footer(const std::vector<Row>& rows) {
   int failed = 0;
   for (const auto& r : rows) failed += r.ok ? 0 : 1;
   std::printf("#\n# rows: %zu   failed: %d   (checks: ranks bit-identical, error within the codec's bound,\n"
-              "#  workspace within (ranks + 1) payloads + n/ranks floats)\n# %s\n",
+              "#  workspace within (ranks + 1) payloads + n/ranks floats + 6 x ranks segments)\n# %s\n",
               rows.size(), failed, failed ? "FAILED" : "OK");
   std::fflush(stdout);
   return failed == 0;
@@ -85,8 +94,11 @@ std::string json_record(const Row& r) {
     << ", \"algorithm\": " << json_string(r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm))
     << ", \"transport\": " << json_string(r.transport) << ", \"ranks\": " << r.ranks
     << ", \"elements\": " << r.elements << ", \"wire_bytes_per_rank\": " << r.wire_bytes
+    << ", \"local_bytes_per_rank\": " << r.local_bytes
     << ", \"ratio\": " << num(r.ratio) << ", \"encode_ms\": " << num(r.encode_ms)
     << ", \"comm_ms\": " << num(r.comm_ms) << ", \"decode_ms\": " << num(r.decode_ms)
+    << ", \"wait_ms\": " << num(r.wait_ms) << ", \"hidden\": " << num(r.hidden)
+    << ", \"segments\": " << r.segments
     << ", \"total_ms\": " << num(r.total_ms) << ", \"baseline_ms\": " << num(r.baseline_ms)
     << ", \"speedup\": " << num(r.speedup) << ", \"rel_error\": " << num(r.rel_error)
     << ", \"error_bound\": " << num(r.error_bound) << ", \"workspace_bytes\": " << r.workspace_bytes

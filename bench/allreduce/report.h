@@ -9,7 +9,7 @@
 
 namespace gz::bench {
 
-void print_header(const Options& o, int ranks, const std::string& transport_desc);
+void print_header(const Options& o, int ranks, const std::string& transport_desc, const std::string& topology);
 void print_row(const Row& r);
 /// Prints the footer; returns true when every row passed.
 bool print_footer(const std::vector<Row>& rows);

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/nccl/nccl_check.h"
 #include "comm/peer_blob.h"
@@ -24,6 +26,43 @@ struct NcclTransport::Impl {
   bool broken = false;
   int* flag = nullptr;  // device int for the barrier
 
+  // Exchanges run on their own stream, so that they overlap the caller's
+  // kernels: each waits for an event on the caller's stream (what was queued
+  // before start()), and records one at its end that wait() makes the
+  // caller's stream wait for.
+  cudaStream_t comm_stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  struct Pending {
+    std::uint64_t id = 0;  // 0: a free slot
+    cudaEvent_t done = nullptr;
+    cudaStream_t caller = nullptr;
+    Clock::time_point deadline;
+    Timeout timeout{0};
+  };
+  std::vector<Pending> pending;
+  std::uint64_t next_id = 0;
+
+  void ensure_stream() {
+    if (comm_stream) return;
+    GZ_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+    GZ_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  }
+  Pending& find(Exchange x) {
+    if (broken) GZ_THROW(IoError, "nccl rank ", rank, ": transport is broken by an earlier failure; rebuild it");
+    for (auto& p : pending)
+      if (p.id == x.id && x.id != 0) return p;
+    GZ_THROW(InvalidArgument, "nccl: exchange ", x.id, " is not in flight (finished, or never started)");
+  }
+  void release() {
+    for (auto& p : pending)
+      if (p.done) cudaEventDestroy(p.done);
+    pending.clear();
+    if (ready) cudaEventDestroy(ready);
+    if (comm_stream) cudaStreamDestroy(comm_stream);
+    ready = nullptr;
+    comm_stream = nullptr;
+  }
+
   // Polls a non-blocking communicator until its last call finished.
   void wait_ready(Clock::time_point deadline, const char* what, Timeout timeout) {
     for (;;) {
@@ -37,10 +76,14 @@ struct NcclTransport::Impl {
     }
   }
   [[noreturn]] void fail(const std::string& what) {
-    if (comm && !broken) ncclCommAbort(comm);
+    abort();
+    GZ_THROW(IoError, "nccl rank ", rank, ": ", what, " (a peer died, hangs, or called a different collective)");
+  }
+  void abort() {
+    if (comm && !broken) ncclCommAbort(comm);  // ends the queued work of every exchange
     comm = nullptr;
     broken = true;
-    GZ_THROW(IoError, "nccl rank ", rank, ": ", what, " (a peer died, hangs, or called a different collective)");
+    for (auto& p : pending) p.id = 0;
   }
   void check_usable(const CallContext& ctx) {
     if (broken) GZ_THROW(IoError, "nccl rank ", rank, ": transport is broken by an earlier failure; rebuild it");
@@ -97,6 +140,7 @@ NcclTransport::NcclTransport(Store& store, int rank, int size, int cuda_device, 
 
 NcclTransport::~NcclTransport() {
   if (impl_->flag) cudaFree(impl_->flag);
+  impl_->release();
   if (impl_->comm) {
     if (impl_->broken) {
       ncclCommAbort(impl_->comm);
@@ -119,48 +163,64 @@ NcclTransport::~NcclTransport() {
 
 ncclComm_t NcclTransport::comm() const { return impl_->comm; }
 
-void NcclTransport::allgatherv(ConstSlice send, std::span<const Slice> recv, std::span<std::size_t> received,
-                               const CallContext& ctx) {
-  impl_->check_usable(ctx);
-  const auto P = static_cast<std::size_t>(size_), me = static_cast<std::size_t>(rank_);
-  GZ_ENFORCE(recv.size() == P && received.size() == P, "allgatherv needs one slot per rank");
-  GZ_ENFORCE_LE(send.bytes, recv[me].bytes, "allgatherv: this rank's buffer is larger than its slot");
-  const auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
-  if (recv[me].data != send.data && send.bytes)
-    GZ_CUDA_CHECK(cudaMemcpyAsync(recv[me].data, send.data, send.bytes, cudaMemcpyDeviceToDevice, stream));
-  received[me] = send.bytes;
-  const auto deadline = Clock::now() + ctx.timeout;
+Transport::Exchange NcclTransport::start(std::span<const SendOp> sends, std::span<const RecvOp> recvs,
+                                        const CallContext& ctx) {
+  Impl& m = *impl_;
+  m.check_usable(ctx);
+  m.ensure_stream();
+  Impl::Pending* x = nullptr;
+  for (auto& p : m.pending)
+    if (p.id == 0) x = &p;
+  if (!x) {
+    x = &m.pending.emplace_back();
+    GZ_CUDA_CHECK(cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming));
+  }
+  const auto caller = reinterpret_cast<cudaStream_t>(ctx.stream);
+  x->caller = caller;
+  x->timeout = ctx.timeout;
+  x->deadline = Clock::now() + ctx.timeout;
+  // After what the caller queued so far (the encode of these payloads).
+  GZ_CUDA_CHECK(cudaEventRecord(m.ready, caller));
+  GZ_CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, m.ready, 0));
   GZ_NCCL_CHECK(ncclGroupStart());
-  for (std::size_t r = 0; r < P; ++r) {
-    if (r == me) continue;
-    GZ_NCCL_CHECK(ncclSend(send.data, send.bytes, ncclUint8, static_cast<int>(r), impl_->comm, stream));
-    GZ_NCCL_CHECK(ncclRecv(recv[r].data, recv[r].bytes, ncclUint8, static_cast<int>(r), impl_->comm, stream));
-    received[r] = recv[r].bytes;
+  for (const SendOp& snd : sends)
+    GZ_NCCL_CHECK(ncclSend(snd.data.data, snd.data.bytes, ncclUint8, snd.peer, m.comm, m.comm_stream));
+  for (const RecvOp& r : recvs) {
+    GZ_NCCL_CHECK(ncclRecv(r.data.data, r.data.bytes, ncclUint8, r.peer, m.comm, m.comm_stream));
+    *r.received = r.data.bytes;  // NCCL receives exactly what was posted
   }
   GZ_NCCL_CHECK(ncclGroupEnd());
-  impl_->wait_ready(deadline, "allgatherv (enqueue)", ctx.timeout);
+  m.wait_ready(x->deadline, "exchange (enqueue)", ctx.timeout);
+  GZ_CUDA_CHECK(cudaEventRecord(x->done, m.comm_stream));
+  x->id = ++m.next_id;
+  return Exchange{x->id};
 }
 
-void NcclTransport::alltoallv(std::span<const ConstSlice> send, std::span<const Slice> recv,
-                              std::span<std::size_t> received, const CallContext& ctx) {
-  impl_->check_usable(ctx);
-  const auto P = static_cast<std::size_t>(size_), me = static_cast<std::size_t>(rank_);
-  GZ_ENFORCE(send.size() == P && recv.size() == P && received.size() == P, "alltoallv needs one slot per rank");
-  const auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
-  if (recv[me].data != send[me].data && send[me].bytes)
-    GZ_CUDA_CHECK(cudaMemcpyAsync(recv[me].data, send[me].data, send[me].bytes, cudaMemcpyDeviceToDevice, stream));
-  received[me] = send[me].bytes;
-  const auto deadline = Clock::now() + ctx.timeout;
-  GZ_NCCL_CHECK(ncclGroupStart());
-  for (std::size_t r = 0; r < P; ++r) {
-    if (r == me) continue;
-    GZ_NCCL_CHECK(ncclSend(send[r].data, send[r].bytes, ncclUint8, static_cast<int>(r), impl_->comm, stream));
-    GZ_NCCL_CHECK(ncclRecv(recv[r].data, recv[r].bytes, ncclUint8, static_cast<int>(r), impl_->comm, stream));
-    received[r] = recv[r].bytes;
+bool NcclTransport::test(Exchange x) {
+  Impl& m = *impl_;
+  Impl::Pending& p = m.find(x);
+  const cudaError_t q = cudaEventQuery(p.done);
+  if (q == cudaSuccess) {
+    p.id = 0;
+    return true;
   }
-  GZ_NCCL_CHECK(ncclGroupEnd());
-  impl_->wait_ready(deadline, "alltoallv (enqueue)", ctx.timeout);
+  if (q != cudaErrorNotReady) GZ_CUDA_CHECK(q);
+  ncclResult_t state = ncclSuccess;
+  GZ_NCCL_CHECK(ncclCommGetAsyncError(m.comm, &state));
+  if (state != ncclSuccess && state != ncclInProgress) m.fail(std::string("asynchronous error: ") + ncclGetErrorString(state));
+  if (Clock::now() >= p.deadline)
+    m.fail("exchange timed out after " + std::to_string(p.timeout.count()) + " ms");
+  return false;
 }
+
+void NcclTransport::wait(Exchange x) {
+  Impl::Pending& p = impl_->find(x);
+  // Device-side: the caller's stream waits; synchronize() enforces the deadline.
+  GZ_CUDA_CHECK(cudaStreamWaitEvent(p.caller, p.done, 0));
+  p.id = 0;
+}
+
+void NcclTransport::abort(std::string_view) { impl_->abort(); }
 
 void NcclTransport::barrier(const CallContext& ctx) {
   CallContext c = ctx;

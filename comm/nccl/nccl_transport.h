@@ -6,9 +6,14 @@
 // every wait, init included, polls with a deadline and ncclCommAbort ends a
 // wait that passed it (a dead peer never hangs the caller).
 //
-// Calls queue work on ctx.stream and return; synchronize(ctx) waits for it.
-// Buffers must be device memory. NCCL needs the receiver to know the byte
-// count, so exact_sizes() is false: senders send whole slots.
+// Exchanges are a ncclGroup of ncclSend/ncclRecv on the transport's own
+// communication stream, after an event on the caller's stream (the work
+// queued before start()), ending with an event that wait() makes the
+// caller's stream wait for: the caller's kernels (the encode of the next
+// segment) overlap the transfers, and nothing blocks the host; synchronize(ctx)
+// waits, polling ncclCommGetAsyncError against the deadline. Buffers must be
+// device memory. NCCL needs the receiver to know the byte count, so
+// exact_sizes() is false: senders send whole slots.
 #pragma once
 
 #include <memory>
@@ -33,10 +38,10 @@ class NcclTransport final : public Transport {
   int size() const override { return size_; }
   const char* name() const override { return "nccl"; }
 
-  void allgatherv(ConstSlice send, std::span<const Slice> recv, std::span<std::size_t> received,
-                  const CallContext& ctx) override;
-  void alltoallv(std::span<const ConstSlice> send, std::span<const Slice> recv, std::span<std::size_t> received,
-                 const CallContext& ctx) override;
+  Exchange start(std::span<const SendOp> sends, std::span<const RecvOp> recvs, const CallContext& ctx) override;
+  bool test(Exchange x) override;
+  void wait(Exchange x) override;
+  void abort(std::string_view why) override;
   void barrier(const CallContext& ctx) override;
   void synchronize(const CallContext& ctx) override;
 

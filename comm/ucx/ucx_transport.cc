@@ -21,22 +21,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum class Coll : std::uint8_t { Allgather = 1, Alltoall = 2, Barrier = 3 };
-
 constexpr int kMaxRanks = 1 << 24;  // the tag has 24 bits for the source rank
 
-ucp_tag_t make_tag(std::uint32_t seq, int src, Coll coll) {
-  return (ucp_tag_t{seq} << 32) | (static_cast<ucp_tag_t>(src) << 8) | static_cast<ucp_tag_t>(coll);
-}
-
-const char* coll_name(Coll c) {
-  switch (c) {
-    case Coll::Allgather: return "allgatherv";
-    case Coll::Alltoall: return "alltoallv";
-    case Coll::Barrier: return "barrier";
-  }
-  return "?";
-}
+// The tag of the seq-th message from `src` to one peer: per pair and
+// direction, messages match in posting order (transport.h).
+ucp_tag_t make_tag(std::uint32_t seq, int src) { return (ucp_tag_t{seq} << 32) | (static_cast<ucp_tag_t>(src) << 8); }
 
 // UCP_ERR_HANDLING_MODE_PEER makes a dead peer an endpoint error, but UCX
 // 1.13's shared-memory transports (posix, sysv) do not support it, so with it
@@ -63,13 +52,12 @@ bool env_flag(const char* name) {
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
-// One outstanding send or receive of a call.
+// One outstanding send or receive of an exchange.
 struct Op {
   void* req = nullptr;  // null once complete
   int peer = 0;
   bool recv = false;
   std::size_t* received = nullptr;
-  std::size_t capacity = 0;
   ucp_tag_recv_info_t info{};  // set by on_recv
   ucs_status_t status = UCS_INPROGRESS;
 };
@@ -80,17 +68,12 @@ void on_recv(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* 
   op->status = status;
 }
 
-// A host buffer to send to or receive from one peer.
-struct HostSend {
-  int peer;
-  const void* data;
-  std::size_t bytes;
-};
-struct HostRecv {
-  int peer;
-  void* data;
-  std::size_t bytes;
-  std::size_t* received;
+// An exchange in flight (or a free slot, id == 0).
+struct Pending {
+  std::uint64_t id = 0;
+  std::vector<Op> ops;  // reserved before posting: callbacks hold Op pointers
+  Clock::time_point deadline;
+  Timeout timeout{0};
 };
 
 }  // namespace
@@ -110,9 +93,10 @@ struct UcxTransport::Impl {
   std::vector<ucp_ep_h> eps;
   std::vector<PeerSlot> slots;
   std::vector<ucs_status_t> peer_status;  // set by the endpoints' error handler
-  std::uint32_t seq = 0;
+  std::vector<std::uint32_t> sent, received;  // per peer: messages posted each way (the tags' sequence)
   bool broken = false;
-  std::vector<Op> ops;  // reused by every call
+  std::vector<std::unique_ptr<Pending>> pending;  // exchanges in flight; reused
+  std::uint64_t next_id = 0;
 
   // Pinned host memory for CUDA buffers.
   void* staging = nullptr;
@@ -124,16 +108,16 @@ struct UcxTransport::Impl {
       s->impl->peer_status[static_cast<std::size_t>(s->peer)] = status;
   }
 
-  void exchange(std::span<const HostSend> sends, std::span<const HostRecv> recvs, Coll coll, Timeout timeout);
-  // Host buffers: send_to(r) goes to, and recv[r] comes from, every other
-  // rank r; this rank's own slot is copied locally.
-  template <class SendTo>
-  void exchange_with_all(SendTo send_to, std::span<const Slice> recv, std::span<std::size_t> received, Coll coll,
-                         Timeout timeout);
-  void wait_all(Coll coll, Clock::time_point deadline, Timeout timeout);
+  Pending& find(Transport::Exchange x);
+  // Frees the requests of x that completed; true when all did. Throws (via
+  // fail) on a failed request, a peer error or x's deadline.
+  bool poll(Pending& x);
+  void progress();
   [[noreturn]] void fail(const std::string& what);
+  void cancel_all();
   void close_endpoints(bool force);
-  void idle(Clock::time_point deadline);
+  // Sleeps on the worker's event fd, at most max_ms.
+  void idle(Clock::time_point deadline, int max_ms);
   void* stage(std::size_t bytes);
   ~Impl();
 };
@@ -169,6 +153,8 @@ UcxTransport::UcxTransport(Store& store, int rank, int size, Timeout timeout)
   const std::vector<std::string> remote = exchange_worker_addresses(store, m.worker, rank, size, timeout);
 
   m.eps.assign(static_cast<std::size_t>(size), nullptr);
+  m.sent.assign(static_cast<std::size_t>(size), 0);
+  m.received.assign(static_cast<std::size_t>(size), 0);
   m.peer_status.assign(static_cast<std::size_t>(size), UCS_OK);
   m.slots.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
@@ -220,27 +206,32 @@ void UcxTransport::Impl::close_endpoints(bool force) {
   }
 }
 
-void UcxTransport::Impl::fail(const std::string& what) {
+void UcxTransport::Impl::cancel_all() {
   // Cancel what is still posted so UCX never writes into the caller's buffers
-  // after we return, then force-close the endpoints: peers see the error now.
-  for (auto& op : ops) {
-    if (!op.req) continue;
-    if (op.recv) ucp_request_cancel(worker, op.req);
-  }
+  // after we return; sends end with the endpoints.
+  for (auto& x : pending)
+    for (auto& op : x->ops)
+      if (op.req && op.recv) ucp_request_cancel(worker, op.req);
   const auto deadline = Clock::now() + std::chrono::seconds(1);
-  for (auto& op : ops) {
-    if (!op.req) continue;
-    while (op.recv && ucp_request_check_status(op.req) == UCS_INPROGRESS && Clock::now() < deadline)
-      ucp_worker_progress(worker);
-    ucp_request_free(op.req);
-    op.req = nullptr;
+  for (auto& x : pending) {
+    for (auto& op : x->ops) {
+      if (!op.req) continue;
+      while (op.recv && op.status == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker);
+      ucp_request_free(op.req);
+      op.req = nullptr;
+    }
+    x->id = 0;
   }
   broken = true;
-  close_endpoints(true);
+  close_endpoints(true);  // peers see the error now, not at their timeout
+}
+
+void UcxTransport::Impl::fail(const std::string& what) {
+  cancel_all();
   GZ_THROW(IoError, "ucx rank ", rank, ": ", what);
 }
 
-void UcxTransport::Impl::idle(Clock::time_point deadline) {
+void UcxTransport::Impl::idle(Clock::time_point deadline, int max_ms) {
   if (efd < 0) {
     sched_yield();
     return;
@@ -251,115 +242,62 @@ void UcxTransport::Impl::idle(Clock::time_point deadline) {
     sched_yield();
     return;
   }
-  // Wake at least every 10 ms to check peers and the deadline.
+  // Wake at least every max_ms to check peers and the deadline.
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   pollfd p{efd, POLLIN, 0};
-  ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 0, 10)));
+  ::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 0, max_ms)));
 }
 
-void UcxTransport::Impl::wait_all(Coll coll, Clock::time_point deadline, Timeout timeout) {
-  int idle_rounds = 0;
-  for (;;) {
-    unsigned progressed = 0;
-    while (ucp_worker_progress(worker) != 0) ++progressed;
-
-    bool done = true, completed_any = false;
-    for (auto& op : ops) {
-      if (!op.req) continue;
-      const ucs_status_t st = op.recv ? op.status : ucp_request_check_status(op.req);
-      if (st == UCS_INPROGRESS) {
-        done = false;
-        continue;
-      }
-      ucp_request_free(op.req);
-      op.req = nullptr;
-      if (st != UCS_OK)
-        fail(std::string(coll_name(coll)) + (op.recv ? ": receive from rank " : ": send to rank ") +
-             std::to_string(op.peer) + " failed: " + ucs_status_string(st) +
-             (st == UCS_ERR_MESSAGE_TRUNCATED ? " (the ranks disagree on buffer sizes)" : ""));
-      if (op.recv) *op.received = op.info.length;
-      completed_any = true;
-    }
-    if (done) return;
-
-    // Peers whose endpoint reported an error will never answer.
-    for (const auto& op : ops) {
-      if (!op.req) continue;
-      const ucs_status_t ps = peer_status[static_cast<std::size_t>(op.peer)];
-      if (ps != UCS_OK)
-        fail(std::string(coll_name(coll)) + ": rank " + std::to_string(op.peer) +
-             " failed or exited (" + ucs_status_string(ps) + ")");
-    }
-    if (Clock::now() >= deadline) {
-      std::string waiting;
-      for (const auto& op : ops)
-        if (op.req && waiting.find(" " + std::to_string(op.peer) + ",") == std::string::npos)
-          waiting += " " + std::to_string(op.peer) + ",";
-      waiting.pop_back();
-      fail(std::string(coll_name(coll)) + " timed out after " + std::to_string(timeout.count()) +
-           " ms waiting for rank(s)" + waiting + " (a peer died, hangs, or called a different collective)");
-    }
-    if (progressed || completed_any) {
-      idle_rounds = 0;
-    } else if (++idle_rounds > 64) {
-      idle(deadline);
-    }
+void UcxTransport::Impl::progress() {
+  while (ucp_worker_progress(worker) != 0) {
   }
 }
 
-template <class SendTo>
-void UcxTransport::Impl::exchange_with_all(SendTo send_to, std::span<const Slice> recv,
-                                           std::span<std::size_t> received, Coll coll, Timeout timeout) {
-  const auto P = static_cast<std::size_t>(size), me = static_cast<std::size_t>(rank);
-  std::vector<HostSend> sends;
-  std::vector<HostRecv> recvs;
-  sends.reserve(P);
-  recvs.reserve(P);
-  for (std::size_t r = 0; r < P; ++r) {
-    if (r == me) continue;
-    const ConstSlice out = send_to(r);
-    sends.push_back({static_cast<int>(r), out.data, out.bytes});
-    recvs.push_back({static_cast<int>(r), recv[r].data, recv[r].bytes, &received[r]});
-  }
-  const ConstSlice own = send_to(me);
-  if (recv[me].data != own.data && own.bytes) std::memmove(recv[me].data, own.data, own.bytes);
-  received[me] = own.bytes;
-  exchange(sends, recvs, coll, timeout);
-}
-
-void UcxTransport::Impl::exchange(std::span<const HostSend> sends, std::span<const HostRecv> recvs, Coll coll,
-                                  Timeout timeout) {
+Pending& UcxTransport::Impl::find(Transport::Exchange x) {
   if (broken) GZ_THROW(IoError, "ucx rank ", rank, ": transport is broken by an earlier failure; rebuild it");
-  const auto deadline = Clock::now() + timeout;
-  const std::uint32_t s = seq++;
-  ops.clear();
-  ucp_request_param_t p{};
-  p.op_attr_mask = 0;
-  ops.reserve(recvs.size() + sends.size());  // no reallocation: callbacks hold Op pointers
-  // Receives first, so that eager messages land in place. Every receive goes
-  // through the completion callback (NO_IMM_CMPL), which records status and
-  // length in its Op.
-  for (const auto& r : recvs) {
-    Op& op = ops.emplace_back(Op{nullptr, r.peer, true, r.received, r.bytes, {}, UCS_INPROGRESS});
-    ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    rp.cb.recv = &on_recv;
-    rp.user_data = &op;
-    void* req = ucp_tag_recv_nbx(worker, r.data, r.bytes, make_tag(s, r.peer, coll), ~ucp_tag_t{0}, &rp);
-    if (UCS_PTR_IS_ERR(req))
-      fail(std::string("ucp_tag_recv_nbx from rank ") + std::to_string(r.peer) + " failed: " +
-           ucs_status_string(UCS_PTR_STATUS(req)));
-    op.req = req;
+  for (auto& p : pending)
+    if (p->id == x.id && x.id != 0) return *p;
+  GZ_THROW(InvalidArgument, "ucx: exchange ", x.id, " is not in flight (finished, or never started)");
+}
+
+bool UcxTransport::Impl::poll(Pending& x) {
+  bool done = true;
+  for (auto& op : x.ops) {
+    if (!op.req) continue;
+    const ucs_status_t st = op.recv ? op.status : ucp_request_check_status(op.req);
+    if (st == UCS_INPROGRESS) {
+      done = false;
+      continue;
+    }
+    ucp_request_free(op.req);
+    op.req = nullptr;
+    if (st != UCS_OK)
+      fail(std::string(op.recv ? "receive from rank " : "send to rank ") + std::to_string(op.peer) +
+           " failed: " + ucs_status_string(st) +
+           (st == UCS_ERR_MESSAGE_TRUNCATED ? " (the ranks disagree on buffer sizes)" : ""));
+    if (op.recv) *op.received = op.info.length;
   }
-  for (const auto& snd : sends) {
-    void* req = ucp_tag_send_nbx(eps[static_cast<std::size_t>(snd.peer)], snd.data, snd.bytes,
-                                 make_tag(s, rank, coll), &p);
-    if (UCS_PTR_IS_ERR(req))
-      fail(std::string("ucp_tag_send_nbx to rank ") + std::to_string(snd.peer) + " failed: " +
-           ucs_status_string(UCS_PTR_STATUS(req)));
-    if (req) ops.push_back(Op{req, snd.peer, false, nullptr, snd.bytes, {}, UCS_INPROGRESS});  // null: completed in place
+  if (done) {
+    x.id = 0;
+    return true;
   }
-  wait_all(coll, deadline, timeout);
+  // Peers whose endpoint reported an error will never answer.
+  for (const auto& op : x.ops) {
+    if (!op.req) continue;
+    const ucs_status_t ps = peer_status[static_cast<std::size_t>(op.peer)];
+    if (ps != UCS_OK)
+      fail("rank " + std::to_string(op.peer) + " failed or exited (" + ucs_status_string(ps) + ")");
+  }
+  if (Clock::now() >= x.deadline) {
+    std::string waiting;
+    for (const auto& op : x.ops)
+      if (op.req && waiting.find(" " + std::to_string(op.peer) + ",") == std::string::npos)
+        waiting += " " + std::to_string(op.peer) + ",";
+    waiting.pop_back();
+    fail("exchange timed out after " + std::to_string(x.timeout.count()) + " ms waiting for rank(s)" + waiting +
+         " (a peer died, hangs, or called a different collective)");
+  }
+  return false;
 }
 
 void* UcxTransport::Impl::stage(std::size_t bytes) {
@@ -416,10 +354,7 @@ void UcxTransport::allgatherv(ConstSlice send, std::span<const Slice> recv, std:
   GZ_ENFORCE(recv.size() == P && received.size() == P, "allgatherv needs one slot per rank");
   GZ_ENFORCE_LE(send.bytes, recv[me].bytes, "allgatherv: this rank's buffer is larger than its slot");
 
-  if (ctx.device == Device::Cpu) {
-    impl_->exchange_with_all([&](std::size_t) { return send; }, recv, received, Coll::Allgather, ctx.timeout);
-    return;
-  }
+  if (ctx.device == Device::Cpu) return Transport::allgatherv(send, recv, received, ctx);
 #if GZ_HAVE_CUDA
   // Stage: [send][slot 0]...[slot P-1], each 256-byte aligned, in pinned memory.
   std::vector<std::size_t> off(P + 1);
@@ -449,10 +384,7 @@ void UcxTransport::alltoallv(std::span<const ConstSlice> send, std::span<const S
   GZ_ENFORCE(send.size() == P && recv.size() == P && received.size() == P, "alltoallv needs one slot per rank");
   GZ_ENFORCE_LE(send[me].bytes, recv[me].bytes, "alltoallv: this rank's own buffer is larger than its slot");
 
-  if (ctx.device == Device::Cpu) {
-    impl_->exchange_with_all([&](std::size_t r) { return send[r]; }, recv, received, Coll::Alltoall, ctx.timeout);
-    return;
-  }
+  if (ctx.device == Device::Cpu) return Transport::alltoallv(send, recv, received, ctx);
 #if GZ_HAVE_CUDA
   // Stage: [send 0..P-1][recv 0..P-1] in pinned memory.
   std::vector<std::size_t> soff(P), roff(P);
@@ -485,19 +417,84 @@ void UcxTransport::alltoallv(std::span<const ConstSlice> send, std::span<const S
 #endif
 }
 
-void UcxTransport::barrier(const CallContext& ctx) {
-  const auto P = static_cast<std::size_t>(size_);
-  std::byte out{1};
-  std::vector<std::byte> in(P);
-  std::vector<std::size_t> got(P);
-  std::vector<HostSend> sends;
-  std::vector<HostRecv> recvs;
-  for (std::size_t r = 0; r < P; ++r) {
-    if (r == static_cast<std::size_t>(rank_)) continue;
-    sends.push_back({static_cast<int>(r), &out, 1});
-    recvs.push_back({static_cast<int>(r), &in[r], 1, &got[r]});
+Transport::Exchange UcxTransport::start(std::span<const SendOp> sends, std::span<const RecvOp> recvs,
+                                       const CallContext& ctx) {
+  Impl& m = *impl_;
+  if (m.broken) GZ_THROW(IoError, "ucx rank ", rank_, ": transport is broken by an earlier failure; rebuild it");
+  GZ_ENFORCE(ctx.device == Device::Cpu, "ucx exchanges take host memory (this UCX has no CUDA support); "
+                                        "place pipelined buffers in pinned host memory");
+  Pending* x = nullptr;
+  for (auto& p : m.pending)
+    if (p->id == 0) x = p.get();
+  if (!x) x = m.pending.emplace_back(std::make_unique<Pending>()).get();
+  x->ops.clear();
+  x->ops.reserve(recvs.size() + sends.size());  // no reallocation: callbacks hold Op pointers
+  x->timeout = ctx.timeout;
+  x->deadline = Clock::now() + ctx.timeout;
+  x->id = ++m.next_id;
+  auto check_peer = [&](int peer) {
+    GZ_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "ucx: exchange peer ", peer, " is not another rank of ",
+               size_);
+  };
+  // Receives first, so that eager messages land in place. Every receive goes
+  // through the completion callback (NO_IMM_CMPL), which records status and
+  // length in its Op.
+  for (const RecvOp& r : recvs) {
+    check_peer(r.peer);
+    Op& op = x->ops.emplace_back(Op{nullptr, r.peer, true, r.received, {}, UCS_INPROGRESS});
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    rp.cb.recv = &on_recv;
+    rp.user_data = &op;
+    const ucp_tag_t tag = make_tag(m.received[static_cast<std::size_t>(r.peer)]++, r.peer);
+    void* req = ucp_tag_recv_nbx(m.worker, r.data.data, r.data.bytes, tag, ~ucp_tag_t{0}, &rp);
+    if (UCS_PTR_IS_ERR(req))
+      m.fail(std::string("ucp_tag_recv_nbx from rank ") + std::to_string(r.peer) + " failed: " +
+             ucs_status_string(UCS_PTR_STATUS(req)));
+    op.req = req;
   }
-  impl_->exchange(sends, recvs, Coll::Barrier, ctx.timeout);
+  ucp_request_param_t sp{};
+  sp.op_attr_mask = 0;
+  for (const SendOp& snd : sends) {
+    check_peer(snd.peer);
+    const ucp_tag_t tag = make_tag(m.sent[static_cast<std::size_t>(snd.peer)]++, rank_);
+    void* req = ucp_tag_send_nbx(m.eps[static_cast<std::size_t>(snd.peer)], snd.data.data, snd.data.bytes, tag, &sp);
+    if (UCS_PTR_IS_ERR(req))
+      m.fail(std::string("ucp_tag_send_nbx to rank ") + std::to_string(snd.peer) + " failed: " +
+             ucs_status_string(UCS_PTR_STATUS(req)));
+    if (req) x->ops.push_back(Op{req, snd.peer, false, nullptr, {}, UCS_INPROGRESS});  // null: completed in place
+  }
+  return Exchange{x->id};
+}
+
+bool UcxTransport::test(Exchange x) {
+  Pending& p = impl_->find(x);
+  impl_->progress();
+  return impl_->poll(p);
+}
+
+void UcxTransport::wait(Exchange x) {
+  Impl& m = *impl_;
+  Pending& p = m.find(x);
+  int idle_rounds = 0;
+  for (;;) {
+    unsigned progressed = 0;
+    while (ucp_worker_progress(m.worker) != 0) ++progressed;
+    if (m.poll(p)) return;
+    if (progressed) {
+      idle_rounds = 0;
+    } else if (++idle_rounds > 64) {
+      // A send waiting for room (a full shared-memory FIFO) has no event to
+      // wake it: look again soon. Receives wake the fd.
+      const bool sending = std::any_of(p.ops.begin(), p.ops.end(), [](const Op& op) { return op.req && !op.recv; });
+      m.idle(p.deadline, sending ? 1 : 10);
+    }
+  }
+}
+
+void UcxTransport::abort(std::string_view why) {
+  (void)why;  // the peers learn of it from their endpoints; the caller reports why
+  if (!impl_->broken) impl_->cancel_all();
 }
 
 }  // namespace gz

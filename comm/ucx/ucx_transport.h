@@ -9,21 +9,24 @@
 // emulated cluster runs with UCX_TLS=tcp between network namespaces; the
 // addresses exchanged are each worker's own).
 //
-// Messages. Each collective call takes the next sequence number (the same on
-// every rank, since calls are made in the same order); a message's tag is
-// (sequence << 32) | (source rank << 8) | collective, received with a full
-// mask, so messages of different calls or senders never match each other.
+// Messages. Each rank counts the messages it posted to and from every peer;
+// a message's tag is (that count << 32) | (source rank << 8), received with a
+// full mask, so between two ranks the k-th send matches the k-th receive
+// (transport.h's rule) and messages of other exchanges or senders never
+// match each other. Sends go out with ucp_tag_send_nbx as soon as they are
+// posted: the kernel's socket buffers move their bytes while the caller
+// computes (UCX_TLS=tcp), and test()/wait() progress the worker.
 //
-// Waiting. One helper (wait_all) progresses the worker until every request
-// of the call is done, a request fails, a peer's endpoint reports an error,
-// or the deadline passes; then it throws IoError naming the ranks it was
+// Waiting. wait() progresses the worker until every request of the exchange
+// is done, a request fails, a peer's endpoint reports an error, or the
+// exchange's deadline passes; then it throws IoError naming the ranks it was
 // waiting for. It sleeps on the worker's event fd between progress rounds
 // (UCP_FEATURE_WAKEUP), so waiting ranks leave the CPU to working ones;
-// GRADZIP_UCX_BUSY_POLL=1 spins instead.
+// GRADZIP_UCX_BUSY_POLL=1 spins instead. test() progresses once and looks.
 //
-// Failure. On any error the transport cancels its receives, force-closes
-// every endpoint (so peers notice at once rather than at their timeout) and
-// is broken from then on.
+// Failure. On any error (or abort()) the transport cancels the receives of
+// every exchange in flight, force-closes every endpoint (so peers notice at
+// once rather than at their timeout) and is broken from then on.
 //
 // CUDA buffers are staged through pinned host memory (Debian's UCX has no
 // CUDA support); see transport.h.
@@ -51,11 +54,16 @@ class UcxTransport final : public Transport {
   int size() const override { return size_; }
   const char* name() const override { return "ucx"; }
 
+  Exchange start(std::span<const SendOp> sends, std::span<const RecvOp> recvs, const CallContext& ctx) override;
+  bool test(Exchange x) override;
+  void wait(Exchange x) override;
+  void abort(std::string_view why) override;
+
+  /// Host buffers as exchanges; CUDA buffers staged through pinned memory.
   void allgatherv(ConstSlice send, std::span<const Slice> recv, std::span<std::size_t> received,
                   const CallContext& ctx) override;
   void alltoallv(std::span<const ConstSlice> send, std::span<const Slice> recv, std::span<std::size_t> received,
                  const CallContext& ctx) override;
-  void barrier(const CallContext& ctx) override;
 
   bool exact_sizes() const override { return true; }
   bool device_memory() const override { return false; }

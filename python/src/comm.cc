@@ -181,8 +181,11 @@ nb::dict stats_dict(const gz::AllreduceStats& s) {
   d["encode_s"] = s.encode_s;
   d["comm_s"] = s.comm_s;
   d["decode_s"] = s.decode_s;
+  d["wait_s"] = s.wait_s;
   d["total_s"] = s.total_s;
+  d["segments"] = s.segments;
   d["wire_bytes"] = s.wire_bytes;
+  d["remote_bytes"] = s.remote_bytes;
   d["agreed"] = s.agreed;
   return d;
 }

@@ -83,6 +83,56 @@ def test_fp32_allreduce_over_100mbit_takes_the_link_time_and_is_exact(tmp_path: 
     print(f"fp32 allreduce {base['total_ms']:.0f} ms = {base['total_ms'] / bound_ms:.2f} x the link bound")
 
 
+def node_holders() -> set[int]:
+    """Processes that hold a node's namespaces (gradzip-run --ranks-per-node)."""
+    pids = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"infinity"]:
+                    pids.add(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_nodes_of_two_ranks_share_a_node_and_only_nodes_are_shaped(tmp_path: Path) -> None:
+    # 2 nodes x 2 ranks at 100 Mbit/s. Each rank learns its node the torchrun
+    # way; the nodes have their own host names. The flat fp32 allreduce then
+    # moves 4n bytes per rank to the other node (2(P-1)/P x 4n, two thirds of
+    # it remote), twice that through each node's link: it takes that link
+    # time. The hierarchical one sends each shard across once.
+    holders_before = node_holders()
+    r = subprocess.run([str(RUN), "-n", "4", "--ranks-per-node", "2", "--link", "100mbit", "--", "sh", "-c",
+                        "echo where $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $GRADZIP_NODE $(cat /proc/sys/kernel/hostname)"],
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert node_holders() <= holders_before, "a node's namespace holder outlived the run"
+    assert "emulated cluster: 2 nodes x 2 ranks" in r.stderr
+    for rank in range(4):
+        node = rank // 2
+        assert f"[{rank}] where {rank % 2} 2 {node} {node} gznode-{node}" in r.stdout, r.stdout
+
+    n, rate = 1 << 20, 100e6
+    out = tmp_path / "rows.json"
+    r = subprocess.run([str(RUN), "-n", "4", "--ranks-per-node", "2", "--link", "100mbit", "--", str(BENCH),
+                        "--codecs", "none,onebit", "--algorithm", "hierarchical", "--sizes", str(n), "--iters", "2",
+                        "--warmup", "1", "--timeout", "60", "--json", str(out)],
+                       capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "topology: 4 ranks: 2 nodes x 2" in r.stdout
+    rows = {(row["codec"], row["algorithm"]): row for row in json.loads(out.read_text())}
+    flat = rows[("none", "scatter_reduce")]
+    assert flat["wire_bytes_per_rank"] == 4 * n and flat["ok"]
+    bound_ms = 2 * flat["wire_bytes_per_rank"] * 8 / rate * 1e3
+    assert flat["comm_ms"] >= 0.97 * bound_ms, f"flat fp32 {flat['comm_ms']:.0f} ms < node link bound {bound_ms:.0f} ms"
+    hier = rows[("none", "hierarchical")]
+    assert hier["ok"] and hier["rel_error"] < 1e-6
+    assert hier["wire_bytes_per_rank"] == 2 * n  # its shard (n/2 floats) to the other node, once
+    assert rows[("onebit:block=512", "hierarchical")]["ok"]
+    print(f"flat fp32 {flat['total_ms']:.0f} ms (node link bound {bound_ms:.0f} ms), hierarchical {hier['total_ms']:.0f} ms")
+
+
 def test_delay_is_applied_or_refused_never_ignored() -> None:
     r = subprocess.run([str(RUN), "-n", "2", "--link", "1gbit,2ms", "--", "true"], capture_output=True, text=True,
                        timeout=60)

@@ -93,6 +93,26 @@ TEST(Fp16, NaNStaysNaNAndQuiet) {
   }
 }
 
+// The decode loop (AVX2 when the build targets it) in every combine mode
+// (kernels/combine.h), over an odd sub-range, against the element functions:
+// out = (old + d or d) * scale, elements outside [begin, end) untouched.
+template <class Fmt>
+void expect_decode_matches_element_function(const std::vector<std::uint16_t>& in) {
+  const std::size_t begin = 3, end = in.size() - 5;
+  for (const kernels::Combine c : {kernels::Combine{true, 1.0f}, kernels::Combine{false, 1.0f},
+                                   kernels::Combine{true, 0.25f}, kernels::Combine{false, 1.0f / 3}}) {
+    std::vector<float> old = test::normal(in.size(), 17, 1.0f);
+    old[begin] = -0.0f;
+    std::vector<float> out = old;
+    kernels::cpu::cast_decode<Fmt>(in.data(), begin, end, out.data() + begin, c);
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const float want = i < begin || i >= end ? old[i] : kernels::combine(old[i], Fmt::decode(in[i]), c);
+      ASSERT_TRUE(test::same_float(out[i], want))
+          << "i " << i << " accumulate " << c.accumulate << " scale " << c.scale << ": " << out[i] << " vs " << want;
+    }
+  }
+}
+
 // The CPU loop (F16C when the build targets it) gives the same bits as the
 // portable element function, including the saturation and NaN cases.
 TEST(Fp16, FastPathMatchesPortable) {
@@ -105,10 +125,7 @@ TEST(Fp16, FastPathMatchesPortable) {
     ASSERT_EQ(fast[i], kernels::HalfFormat::encode(v[i])) << v[i] << " bits " << std::hex << float_bits(v[i]);
   std::vector<std::uint16_t> all(65536);
   for (std::uint32_t h = 0; h <= 0xFFFF; ++h) all[h] = static_cast<std::uint16_t>(h);
-  std::vector<float> out(65536, 0.0f);
-  kernels::cpu::cast_decode_accumulate<kernels::HalfFormat>(all.data(), all.size(), out.data());
-  for (std::uint32_t h = 0; h <= 0xFFFF; ++h)
-    ASSERT_TRUE(test::same_float(out[h], 0.0f + kernels::half_to_float(static_cast<std::uint16_t>(h)))) << h;
+  expect_decode_matches_element_function<kernels::HalfFormat>(all);
 }
 
 TEST(Fp16, FastPathResidualMatchesPortable) {
@@ -193,10 +210,7 @@ TEST(Bf16, FastPathMatchesPortable) {
     ASSERT_EQ(fast[i], h) << std::hex << kernels::float_bits(v);
     ASSERT_TRUE(test::same_float(r[i], kernels::ef_residual(v, kernels::bf16_to_float(h)))) << i;
   }
-  std::vector<float> out(g.size(), 0.5f);
-  kernels::cpu::cast_decode_accumulate<kernels::BFloat16Format>(fast.data(), fast.size(), out.data());
-  for (std::size_t i = 0; i < g.size(); ++i)
-    ASSERT_TRUE(test::same_float(out[i], 0.5f + kernels::bf16_to_float(fast[i]))) << i;
+  expect_decode_matches_element_function<kernels::BFloat16Format>(fast);
 }
 
 TEST(Bf16, SaturatesAndPassesNonFinite) {

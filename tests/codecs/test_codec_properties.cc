@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "compressors/wire_format.h"
+#include "kernels/combine.h"
 #include "test_util.h"
 
 namespace gz {
@@ -114,6 +115,61 @@ TEST_P(CodecProperty, DecodeAccumulatesIntoTheOutput) {
   std::vector<float> out(g.size(), 1.5f);
   test::decode_into(*codec, e.data(), e.bytes, out.data(), out.size());
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 1.5f + once[i]);
+}
+
+// Every combine mode (kernels/combine.h): out = (old + d or d) * scale, with d
+// what an overwrite decodes (top-k: +0 where the payload names nothing; the
+// old values here are never -0, so adding that +0 changes nothing).
+TEST_P(CodecProperty, DecodeModesFollowCombine) {
+  const std::size_t n = 40003;
+  const auto g = test::normal(n, 21);
+  std::vector<float> r(n, 0.0f);
+  const auto e = test::encode(*codec, g, &r);
+  std::vector<float> d(n, NAN);
+  codec->decode(e.data(), e.bytes, d.data(), n, Combine{false, 1.0f});
+  for (std::size_t i = 0; i < n; ++i) ASSERT_FALSE(std::isnan(d[i])) << "overwrite left element " << i;
+  const auto old = test::normal(n, 22);
+  for (const Combine c : {Combine{true, 1.0f}, Combine{false, 1.0f}, Combine{true, 0.125f}, Combine{false, 0.3f}}) {
+    std::vector<float> out = old;
+    codec->decode(e.data(), e.bytes, out.data(), n, c);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_TRUE(test::same_float(out[i], kernels::combine(old[i], d[i], c)))
+          << GetParam() << " i " << i << " accumulate " << c.accumulate << " scale " << c.scale;
+  }
+}
+
+// decode_sum is the ordered decodes (first overwrites, last scales), bit for
+// bit, whatever the tiling; it never reads out (NaN there changes nothing).
+TEST_P(CodecProperty, DecodeSumEqualsOrderedDecodes) {
+  for (std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{70001}})
+    for (std::size_t m : {1u, 2u, 3u})
+      for (float scale : {1.0f, 1.0f / 3}) {
+        std::vector<test::Encoded> es;
+        std::vector<PayloadRef> refs;
+        for (std::size_t j = 0; j < m; ++j) {
+          std::vector<float> r(n, 0.0f);
+          es.push_back(test::encode(*codec, test::normal(n, 30 + j), &r));
+        }
+        for (const auto& e : es) refs.push_back(PayloadRef{e.data(), e.bytes});
+        std::vector<float> want(n, 7.0f), got(n, NAN);
+        for (std::size_t j = 0; j < m; ++j)
+          codec->decode(es[j].data(), es[j].bytes, want.data(), n, Combine{j > 0, j + 1 == m ? scale : 1.0f});
+        codec->decode_sum(refs, got.data(), n, scale);
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_TRUE(test::same_float(got[i], want[i])) << GetParam() << " n " << n << " m " << m << " i " << i;
+      }
+}
+
+// A malformed payload anywhere in a sum is rejected before out is touched.
+TEST_P(CodecProperty, DecodeSumValidatesEveryPayloadFirst) {
+  const std::size_t n = 20000;
+  std::vector<float> r(n, 0.0f);
+  auto a = test::encode(*codec, test::normal(n, 40), &r), b = test::encode(*codec, test::normal(n, 41), &r);
+  b.data()[0] ^= std::byte{0xFF};  // the magic
+  const std::vector<PayloadRef> refs = {{a.data(), a.bytes}, {b.data(), b.bytes}};
+  std::vector<float> out(n, 2.5f);
+  EXPECT_THROW(codec->decode_sum(refs, out.data(), n, 0.5f), PayloadError);
+  for (float x : out) ASSERT_EQ(x, 2.5f);
 }
 
 TEST_P(CodecProperty, RejectsBadArguments) {

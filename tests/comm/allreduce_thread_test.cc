@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <functional>
 #include <limits>
 #include <mutex>
 
@@ -11,6 +12,7 @@
 #include "comm/allreduce.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
+#include "tests/comm/exchange_check.h"
 #include "tests/comm/reference.h"
 #include "tests/comm/thread_transport.h"
 
@@ -23,33 +25,58 @@ struct RankResult {
   std::size_t comm_bytes = 0;
 };
 
-// One allreduce on `P` threads; returns each rank's output.
-std::vector<RankResult> run_once(int P, std::size_t n, const std::string& spec, Algorithm algo,
-                                 ReduceOp op = ReduceOp::Sum, bool integer = false) {
+struct Setting {
+  ReduceOp op = ReduceOp::Sum;
+  bool integer = false;          // integer-valued inputs: exact sums
+  std::size_t segment_bytes = 0;
+  const Topology* topology = nullptr;
+  int steps = 1;                 // calls on the same state (inputs change per step); out is the last
+};
+
+// `steps` allreduces on `P` threads; returns each rank's last output.
+std::vector<RankResult> run_steps(int P, std::size_t n, const std::string& spec, Algorithm algo, const Setting& set) {
   std::vector<RankResult> res(static_cast<std::size_t>(P));
   const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
     auto codec = make_codec(spec);
     AllreduceWorkspace ws;
     AllreduceState state;
     auto& mine = res[static_cast<std::size_t>(r)];
-    mine.out = make_input(r, n, 0, integer);
-    AllreduceOptions o;
-    o.transport = &t;
-    o.store = &store;
-    o.workspace = &ws;
-    o.codec = codec.get();
-    o.state = &state;
-    o.buffer = mine.out.data();
-    o.n = n;
-    o.op = op;
-    o.algorithm = algo;
-    o.timeout = Timeout(20000);
-    o.stats = &mine.stats;
-    allreduce(o);
+    for (int step = 0; step < set.steps; ++step) {
+      mine.out = make_input(r, n, step, set.integer);
+      AllreduceOptions o;
+      o.transport = &t;
+      o.store = &store;
+      o.workspace = &ws;
+      o.codec = codec.get();
+      o.state = &state;
+      o.buffer = mine.out.data();
+      o.n = n;
+      o.op = set.op;
+      o.algorithm = algo;
+      o.timeout = Timeout(20000);
+      o.segment_bytes = set.segment_bytes;
+      o.topology = set.topology;
+      o.stats = &mine.stats;
+      allreduce(o);
+    }
     mine.comm_bytes = ws.comm_bytes();
   });
   for (int r = 0; r < P; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], nullptr) << "rank " << r << ": " << what(errors[static_cast<std::size_t>(r)]);
   return res;
+}
+
+std::vector<RankResult> run_once(int P, std::size_t n, const std::string& spec, Algorithm algo,
+                                 ReduceOp op = ReduceOp::Sum, bool integer = false) {
+  Setting set;
+  set.op = op;
+  set.integer = integer;
+  return run_steps(P, n, spec, algo, set);
+}
+
+std::vector<std::uint64_t> fingerprints(const std::vector<RankResult>& res) {
+  std::vector<std::uint64_t> f;
+  for (const auto& r : res) f.push_back(fingerprint(r.out.data(), r.out.size()));
+  return f;
 }
 
 TEST(ChunkRange, CoversBufferWithSizesDifferingByAtMostOne) {
@@ -157,59 +184,72 @@ TEST(Allreduce, WireBytesAndWorkspaceStayWithinTheBound) {
       EXPECT_LE(res[0].comm_bytes, bound) << spec << " " << to_string(a);
       EXPECT_EQ(res[0].comm_bytes, AllreduceWorkspace::comm_bytes_for(*codec, n, P, 0, a));
       // Bytes on the wire: (P-1) payloads (allgather), 2(P-1)/P payloads
-      // (scatter_reduce; each chunk's payload has its own header and rounding).
+      // (scatter_reduce), within what each segment's and chunk's payload
+      // adds (its own header, top-k's rounding up of k): 1% each.
       const double payloads = static_cast<double>(res[0].stats.wire_bytes) / static_cast<double>(C);
+      const double per_segment = 0.01 * static_cast<double>(res[0].stats.segments);
       if (a == Algorithm::Allgather)
-        EXPECT_NEAR(payloads, P - 1, 0.01) << spec;
+        EXPECT_NEAR(payloads, P - 1, per_segment) << spec;
       else
-        EXPECT_NEAR(payloads, 2.0 * (P - 1) / P, 0.03) << spec;
+        EXPECT_NEAR(payloads, 2.0 * (P - 1) / P, 3 * per_segment) << spec;
     }
 }
 
+// `steps` allreduces of `spec` on P threads, `configure` setting the rest of
+// the options; the relative error of rank 0's running sum of outputs
+// against the exact running sum, after `early` steps (into *at_early) and at
+// the end.
+double running_sum_error(int P, std::size_t n, int steps, const std::string& spec,
+                         const std::function<void(AllreduceOptions&)>& configure, int early = 0,
+                         double* at_early = nullptr) {
+  std::vector<double> got(n), want(n);
+  std::mutex mu;
+  const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
+    auto codec = make_codec(spec);
+    AllreduceWorkspace ws;
+    AllreduceState state;
+    for (int step = 0; step < steps; ++step) {
+      auto buf = make_input(r, n, step);
+      AllreduceOptions o;
+      o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
+      o.buffer = buf.data(); o.n = n; o.timeout = Timeout(20000);
+      configure(o);
+      allreduce(o);
+      if (r != 0) continue;
+      std::lock_guard lock(mu);
+      const auto ex = exact_sum(P, n, step);
+      for (std::size_t i = 0; i < n; ++i) got[i] += buf[i], want[i] += ex[i];
+      if (at_early && step + 1 == early) *at_early = rel_error(got, want);
+    }
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, nullptr) << what(e);
+  return rel_error(got, want);
+}
+
 // Error feedback: the running sum of the outputs tracks the running sum of
-// the exact results, however lossy one step is.
+// the exact results, however lossy one step is; also when the calls are cut
+// into segments (64-byte payloads: 3-4 segments here), where top-k selects
+// per segment.
 TEST(Allreduce, ErrorFeedbackConvergesToTheRunningSum) {
   const int P = 3, steps = 300, early = 100;
   const std::size_t n = 2000;
-  for (const char* spec : {"topk:density=0.01", "onebit"})
-    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce}) {
-      std::array<double, 2> err{};
-      double err_early = 0;
-      for (int ef = 0; ef < 2; ++ef) {
-        const std::string s = std::string(spec) + (ef ? "" : (std::string(spec).find(':') == std::string::npos ? ":ef=off" : ",ef=off"));
-        std::vector<double> got_sum(n), exact_total(n);
-        std::mutex mu;
-        const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
-          auto codec = make_codec(s);
-          AllreduceWorkspace ws;
-          AllreduceState state;
-          for (int step = 0; step < steps; ++step) {
-            auto buf = make_input(r, n, step);
-            AllreduceOptions o;
-            o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-            o.buffer = buf.data(); o.n = n; o.algorithm = a; o.timeout = Timeout(20000);
-            allreduce(o);
-            if (r == 0) {
-              std::lock_guard lock(mu);
-              const auto ex = exact_sum(P, n, step);
-              for (std::size_t i = 0; i < n; ++i) {
-                got_sum[i] += buf[i];
-                exact_total[i] += ex[i];
-              }
-              if (ef && step + 1 == early) err_early = rel_error(got_sum, exact_total);
-            }
-          }
-        });
-        for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
-        err[static_cast<std::size_t>(ef)] = rel_error(got_sum, exact_total);
+  for (const std::string spec : {"topk:density=0.01", "onebit"})
+    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
+      for (std::size_t segment : {std::size_t{0}, std::size_t{64}}) {
+        SCOPED_TRACE(spec + " " + to_string(a) + " segment " + std::to_string(segment));
+        auto configure = [&](AllreduceOptions& o) {
+          o.algorithm = a;
+          o.segment_bytes = segment;
+        };
+        double err_early = 0;
+        const double with_ef = running_sum_error(P, n, steps, spec, configure, early, &err_early);
+        const double without = running_sum_error(P, n, steps, spec + (spec.find(':') == std::string::npos ? ":ef=off" : ",ef=off"), configure);
+        // With EF the running sum misses only what the residuals hold, which
+        // stays bounded: its relative error shrinks as the sum grows.
+        EXPECT_LT(with_ef, 0.3) << "with EF";
+        EXPECT_LT(with_ef, 0.6 * err_early) << "EF error must shrink over steps (" << err_early << " -> " << with_ef << ")";
+        EXPECT_LT(with_ef, 0.5 * without) << "EF must beat no EF (" << with_ef << " vs " << without << ")";
       }
-      SCOPED_TRACE(std::string(spec) + " " + to_string(a));
-      // With EF the running sum misses only what the residuals hold, which
-      // stays bounded: its relative error shrinks as the sum grows.
-      EXPECT_LT(err[1], 0.3) << "with EF";
-      EXPECT_LT(err[1], 0.6 * err_early) << "EF error must shrink over steps (" << err_early << " -> " << err[1] << ")";
-      EXPECT_LT(err[1], 0.5 * err[0]) << "EF must beat no EF (" << err[1] << " vs " << err[0] << ")";
-    }
 }
 
 TEST(Allreduce, MismatchFailsOnEveryRankNamingIt) {
@@ -362,6 +402,216 @@ TEST(AllreduceState, RejectsMismatchedOrMalformedRestores) {
     (void)r;
   });
   for (const auto& e : errors) EXPECT_EQ(e, nullptr) << what(e);
+}
+
+TEST(Transport, ExchangesMatchPerPairInPostingOrder) {
+  for (int P : {2, 3, 5}) {
+    std::vector<std::string> broke(static_cast<std::size_t>(P));
+    const auto errors = run_threads(P, [&](int r, Transport& t, Store&) {
+      broke[static_cast<std::size_t>(r)] = check_exchanges(t, Timeout(20000));
+    });
+    for (int r = 0; r < P; ++r) {
+      EXPECT_EQ(errors[static_cast<std::size_t>(r)], nullptr) << what(errors[static_cast<std::size_t>(r)]);
+      EXPECT_EQ(broke[static_cast<std::size_t>(r)], "") << "P=" << P << " rank " << r;
+    }
+  }
+}
+
+// Pipelining changes no bit: for codecs whose payload does not depend on
+// where a segment starts (none, fp16, bf16, onebit with segments on block
+// boundaries) any segment size gives the unsegmented result, over two EF
+// steps, for every rank count and uneven sizes (n < P, n % P != 0, a
+// segment longer than n); and every rank holds the same bits.
+class Segmented : public ::testing::TestWithParam<std::tuple<std::string, Algorithm>> {};
+
+TEST_P(Segmented, SameBitsAsUnsegmented) {
+  const auto [spec, algo] = GetParam();
+  for (int P : {1, 2, 3, 4})
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1001}, std::size_t{100003}}) {
+      Setting whole;
+      whole.steps = 2;
+      whole.op = ReduceOp::Average;
+      whole.segment_bytes = std::size_t{1} << 40;
+      const auto want = fingerprints(run_steps(P, n, spec, algo, whole));
+      for (std::size_t r = 1; r < want.size(); ++r) EXPECT_EQ(want[r], want[0]) << spec << " rank " << r;
+      for (std::size_t seg : {std::size_t{1}, std::size_t{4096}, std::size_t{50000}}) {
+        SCOPED_TRACE(spec + " " + to_string(algo) + " P=" + std::to_string(P) + " n=" + std::to_string(n) +
+                     " segment=" + std::to_string(seg));
+        Setting cut = whole;
+        cut.segment_bytes = seg;
+        const auto res = run_steps(P, n, spec, algo, cut);
+        EXPECT_EQ(fingerprints(res), want);
+        if (n == 100003 && seg == 1) {
+          EXPECT_GT(res[0].stats.segments, 10u) << "not cut into segments";
+        }
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, Segmented,
+                         ::testing::Combine(::testing::Values("none", "fp16", "bf16", "onebit", "onebit:block=100",
+                                                              "onebit:block=7,ef=off"),
+                                            ::testing::Values(Algorithm::Allgather, Algorithm::ScatterReduce)),
+                         [](const auto& param_info) {
+                           std::string s = std::get<0>(param_info.param) + "_" + to_string(std::get<1>(param_info.param));
+                           for (char& c : s)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return s;
+                         });
+
+// Top-k selects per segment (k split by the spec's rate), so the bits depend
+// on the segment size; what must hold: identical ranks, the error bound.
+TEST(Segmented, TopkIsIdenticalOnAllRanksAndWithinBound) {
+  for (const char* spec : {"topk:density=0.01", "topk:k=50", "topk:density=0.05,select=sample"})
+    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
+      for (std::size_t seg : {std::size_t{64}, std::size_t{1000}}) {
+        SCOPED_TRACE(std::string(spec) + " " + to_string(a) + " segment=" + std::to_string(seg));
+        Setting cut;
+        cut.segment_bytes = seg;
+        const std::size_t n = 40009;
+        const auto res = run_steps(3, n, spec, a, cut);
+        if (seg == 64) {
+          EXPECT_GT(res[0].stats.segments, 1u);
+        }
+        const auto f = fingerprints(res);
+        for (auto x : f) EXPECT_EQ(x, f[0]);
+        EXPECT_LE(rel_error(res[0].out, exact_sum(3, n)), allreduce_error_bound(parse_spec(spec)));
+      }
+}
+
+// Where the time went: encode and decode ran, comm spans them, the waits are
+// part of comm, and total is no less than the wait.
+TEST(Allreduce, PipelineStatsAreConsistent) {
+  Setting cut;
+  cut.segment_bytes = 4096;
+  for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce}) {
+    const auto res = run_steps(2, 100003, "onebit", a, cut);
+    const AllreduceStats& st = res[0].stats;
+    EXPECT_GE(st.segments, 2u);
+    EXPECT_GT(st.encode_s, 0.0);
+    EXPECT_GT(st.decode_s, 0.0);
+    EXPECT_LE(st.wait_s, st.comm_s + 1e-6);
+    EXPECT_LE(st.comm_s, st.total_s + 1e-6);
+    EXPECT_EQ(st.algorithm, a);
+  }
+}
+
+// hierarchical: exact for none (every node size and count, uneven sizes,
+// sum and average), the same bits on every rank.
+TEST(Hierarchical, NoneIsExactForEveryLayout) {
+  for (auto [P, L] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}, std::pair{2, 1}, std::pair{2, 2}}) {
+    const Topology topo = Topology::blocks(P, L);
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1001}, std::size_t{100003}})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average}) {
+        SCOPED_TRACE(topo.describe() + " n=" + std::to_string(n) + " " + to_string(op));
+        Setting set;
+        set.op = op;
+        set.integer = true;
+        set.topology = &topo;
+        set.segment_bytes = 4096;
+        const auto res = run_steps(P, n, "none", Algorithm::Hierarchical, set);
+        const auto exact = exact_sum(P, n, 0, true);
+        const float scale = op == ReduceOp::Sum ? 1.0f : 1.0f / static_cast<float>(P);
+        for (int r = 0; r < P; ++r) {
+          ASSERT_EQ(res[static_cast<std::size_t>(r)].stats.algorithm, Algorithm::Hierarchical);
+          for (std::size_t i = 0; i < n; ++i)
+            ASSERT_EQ(res[static_cast<std::size_t>(r)].out[i], static_cast<float>(exact[i]) * scale)
+                << "rank " << r << " i " << i;
+        }
+      }
+  }
+}
+
+// Lossy codecs: every rank (the shard's owner and its node partners, which
+// decode the owner's payloads themselves) gets the same bits, within the
+// bound, no worse than flat; across 2 nodes (allgather between them) and 3
+// (scatter_reduce), in one segment or many.
+TEST(Hierarchical, LossyCodecsAreIdenticalWithinBoundAndNoWorseThanFlat) {
+  const std::size_t n = 40009;
+  for (auto [P, L] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}})
+    for (const char* spec : {"fp16", "onebit", "topk:density=0.01", "topk:density=0.05,select=sample"})
+    for (std::size_t segment : {std::size_t{0}, std::size_t{256}}) {
+      SCOPED_TRACE(std::string(spec) + " P=" + std::to_string(P) + " L=" + std::to_string(L) + " segment " +
+                   std::to_string(segment));
+      const Topology topo = Topology::blocks(P, L);
+      Setting set;
+      set.topology = &topo;
+      set.segment_bytes = segment;
+      set.steps = 2;
+      set.op = ReduceOp::Average;
+      const auto res = run_steps(P, n, spec, Algorithm::Auto, set);
+      ASSERT_EQ(res[0].stats.algorithm, Algorithm::Hierarchical);
+      if (segment) {
+        EXPECT_GT(res[0].stats.segments, 2u);
+      }
+      const auto f = fingerprints(res);
+      for (auto x : f) EXPECT_EQ(x, f[0]);
+      if (segment) continue;  // the error of one call, from zero state:
+      const auto first = run_steps(P, n, spec, Algorithm::Auto, Setting{ReduceOp::Sum, false, 0, &topo, 1});
+      const double err = rel_error(first[0].out, exact_sum(P, n));
+      EXPECT_LE(err, allreduce_error_bound(parse_spec(spec)));
+      // Compressing only across nodes (one compression of a node's sum)
+      // loses no more than compressing everything (for the codecs that lose
+      // much; fp16's rounding noise goes either way).
+      if (std::string(spec) == "fp16") continue;
+      const double flat = rel_error(run_once(P, n, spec, Algorithm::ScatterReduce)[0].out, exact_sum(P, n));
+      EXPECT_LE(err, flat * 1.01) << "hierarchical " << err << " vs flat scatter_reduce " << flat;
+    }
+}
+
+TEST(Hierarchical, ErrorFeedbackConvergesToTheRunningSum) {
+  const Topology topo = Topology::blocks(4, 2);
+  for (const char* spec : {"onebit", "topk:density=0.01"}) {
+    const double err = running_sum_error(4, 2000, 200, spec, [&](AllreduceOptions& o) {
+      o.algorithm = Algorithm::Hierarchical;
+      o.topology = &topo;
+      o.segment_bytes = 64;
+    });
+    EXPECT_LT(err, 0.3) << spec;
+  }
+}
+
+TEST(Hierarchical, AutoPicksItForSeveralNodesOfSeveralRanks) {
+  const auto onebit = parse_spec("onebit"), topk = parse_spec("topk");
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, onebit, Topology::blocks(4, 2)), Algorithm::Hierarchical);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, topk, Topology::blocks(8, 4)), Algorithm::Hierarchical);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, onebit, Topology::blocks(4, 4)), Algorithm::ScatterReduce);  // one node
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, onebit, Topology::flat(4)), Algorithm::ScatterReduce);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, onebit, Topology{{0, 0, 1}}), Algorithm::ScatterReduce);  // uneven
+  EXPECT_THROW(resolve_algorithm(Algorithm::Hierarchical, onebit, Topology{{0, 0, 1}}), InvalidArgument);
+  EXPECT_EQ(parse_algorithm("hierarchical"), Algorithm::Hierarchical);
+}
+
+// A state saved from a hierarchical run restores and continues bit-identically.
+TEST(Hierarchical, SaveRestoreContinuesBitIdentically) {
+  const int P = 4;
+  const std::size_t n = 1001;
+  const Topology topo = Topology::blocks(P, 2);
+  std::vector<std::uint64_t> straight(P), resumed(P);
+  for (int mode = 0; mode < 2; ++mode) {
+    const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
+      auto codec = make_codec("onebit");
+      AllreduceWorkspace ws;
+      auto state = std::make_unique<AllreduceState>();
+      std::vector<float> buf;
+      for (int s = 0; s < 6; ++s) {
+        if (mode == 1 && s == 3) {
+          const std::string saved = state->save();
+          state = std::make_unique<AllreduceState>();
+          state->restore(saved);
+        }
+        buf = make_input(r, n, s);
+        AllreduceOptions o;
+        o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = state.get();
+        o.buffer = buf.data(); o.n = n; o.algorithm = Algorithm::Hierarchical; o.topology = &topo;
+        o.timeout = Timeout(20000);
+        allreduce(o);
+      }
+      (mode ? resumed : straight)[static_cast<std::size_t>(r)] = fingerprint(buf.data(), n);
+    });
+    for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
+  }
+  EXPECT_EQ(straight, resumed);
 }
 
 TEST(Agreement, TimesOutNamingTheMissingRanks) {

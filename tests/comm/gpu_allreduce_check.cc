@@ -6,7 +6,10 @@
 // algorithm it runs a few steps with error feedback twice, on the host over UCX
 // and on the GPU over the transport named, with the same seeded inputs, and
 // compares the results bit for bit (NaN as NaN), which holds because the CUDA
-// codecs give the CPU's bits and both paths sum payloads in rank order.
+// codecs give the CPU's bits and both paths sum payloads in rank order; for
+// every algorithm (hierarchical with each rank a node of its own) and two
+// segment sizes (the pipeline's slots in device memory for NCCL, in pinned
+// host memory for UCX).
 // Exit 0: identical; 1: a difference or an error; 77: no GPU (ctest: skipped).
 #include <cuda_runtime_api.h>
 
@@ -79,12 +82,14 @@ int main(int argc, char** argv) {
     GZ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_buf), n * sizeof(float)));
     int failures = 0;
     for (const char* spec : {"none", "fp16", "bf16", "onebit", "onebit:block=100", "topk:density=0.01"}) {
-      for (gz::Algorithm algo : {gz::Algorithm::Allgather, gz::Algorithm::ScatterReduce}) {
+      for (gz::Algorithm algo : {gz::Algorithm::Allgather, gz::Algorithm::ScatterReduce, gz::Algorithm::Hierarchical})
+      for (std::size_t segment : {std::size_t{0}, std::size_t{65536}}) {  // default cut, and many segments
         auto host_codec = gz::make_codec(spec), dev_codec = gz::make_codec(spec);
         gz::AllreduceState host_state, dev_state;
         gz::AllreduceCall hc, dc;
         hc.op = dc.op = gz::ReduceOp::Average;
         hc.algorithm = dc.algorithm = algo;
+        hc.segment_bytes = dc.segment_bytes = segment;
         dc.device = gz::Device::Cuda;
         dc.stream = reinterpret_cast<gz::Stream>(stream);
         std::size_t diff = 0;
@@ -96,8 +101,8 @@ int main(int argc, char** argv) {
           GZ_CUDA_CHECK(cudaMemcpy(d.data(), d_buf, n * sizeof(float), cudaMemcpyDeviceToHost));
           for (std::size_t i = 0; i < n; ++i) diff += !same(h[i], d[i]);
         }
-        std::printf("%-20s %-15s %s: %zu of %zu elements differ\n", spec, gz::to_string(algo), kind.c_str(), diff,
-                    3 * n);
+        std::printf("%-20s %-15s segment %-6zu %s: %zu of %zu elements differ\n", spec, gz::to_string(algo), segment,
+                    kind.c_str(), diff, 3 * n);
         failures += diff != 0;
       }
     }

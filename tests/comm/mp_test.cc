@@ -1,6 +1,8 @@
 // Real multi-process runs: each rank a process, the Store a TcpStore hosted
 // by rank 0, the transport UCX over loopback / shared memory
 // (Communicator::from_env, exactly what users and the Python bindings call).
+// The calls are pipelined: several segments, hence several exchanges, are in
+// flight at once.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "common/error.h"
+#include "tests/comm/exchange_check.h"
 #include "tests/comm/multiprocess.h"
 #include "tests/comm/reference.h"
 
@@ -144,29 +147,151 @@ TEST_P(Mp, MismatchFailsOnEveryRankNamingTheRank) {
   }
 }
 
+// The transport contract over UCX: exchanges in flight together, matched per
+// pair in posting order, waited in any order.
+TEST_P(Mp, ExchangesMatchPerPairInPostingOrder) {
+  const int P = GetParam();
+  const auto res = run_ranks(P, [](int) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    const std::string broke = check_exchanges(comm->transport(), comm->timeout());
+    if (!broke.empty()) std::fprintf(stderr, "%s\n", broke.c_str());
+    MP_CHECK(broke.empty());
+    return kOk;
+  }, opts());
+  expect_all_ok(res);
+}
+
+// Pipelining over UCX: any segment size, the bits of the unsegmented call
+// (codecs whose payloads do not depend on segment starts), on every rank.
+TEST_P(Mp, SegmentedCallsGiveTheUnsegmentedBits) {
+  const int P = GetParam();
+  const auto res = run_ranks(P, [](int rank) {
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    const std::size_t n = 300007;
+    for (const char* spec : {"none", "fp16", "onebit"})
+      for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
+        for (std::size_t segment : {std::size_t{1} << 40, std::size_t{1}, std::size_t{20000}}) {
+          auto codec = make_codec(spec);
+          AllreduceState state;
+          std::vector<float> buf;
+          AllreduceCall call = with(a, ReduceOp::Average);
+          call.segment_bytes = segment;
+          AllreduceStats stats;
+          call.stats = &stats;
+          for (int step = 0; step < 2; ++step) {
+            buf = make_input(rank, n, step);
+            comm->allreduce(buf.data(), n, *codec, state, call);
+          }
+          if (segment == 1) MP_CHECK(stats.segments > 10);
+          std::printf("FP %s %s %016" PRIx64 "\n", spec, to_string(a), fingerprint(buf.data(), n));
+        }
+    return kOk;
+  }, opts());
+  expect_all_ok(res);
+  const auto fp0 = tagged_lines(res[0], "FP ");
+  ASSERT_EQ(fp0.size(), 18u);
+  for (std::size_t i = 0; i < fp0.size(); i += 3) {  // three segment sizes per (codec, algorithm)
+    EXPECT_EQ(fp0[i + 1], fp0[i]) << describe(res);
+    EXPECT_EQ(fp0[i + 2], fp0[i]) << describe(res);
+  }
+  for (int r = 1; r < P; ++r) EXPECT_EQ(tagged_lines(res[static_cast<std::size_t>(r)], "FP "), fp0) << describe(res);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Mp, ::testing::Values(2, 3, 4), ::testing::PrintToStringParamName());
 
-// The last rank dies (SIGKILL) while the others are inside allreduce calls:
-// they fail with IoError within the timeout, never hang.
-// Returns how long after the death each survivor failed.
-std::vector<double> kill_one_rank(const std::map<std::string, std::string>& env) {
-  const int P = 3, timeout_s = 5;
+// Two nodes of two ranks, named by GRADZIP_NODE as gradzip-run
+// --ranks-per-node does: the ranks find the layout, auto runs hierarchical,
+// none stays exact and onebit is identical on every rank.
+TEST(MpHierarchical, NodesFoundAndTheResultExact) {
+  MpOptions o = opts();
+  o.env["LOCAL_WORLD_SIZE"] = "2";
+  const auto res = run_ranks(4, [](int rank) {
+    ::setenv("GRADZIP_NODE", std::to_string(rank / 2).c_str(), 1);
+    ::setenv("LOCAL_RANK", std::to_string(rank % 2).c_str(), 1);
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    MP_CHECK(comm->topology().describe() == "4 ranks: 2 nodes x 2");
+    const std::size_t n = 100003;
+    {
+      auto codec = make_codec("none");
+      AllreduceState state;
+      auto buf = make_input(rank, n, 0, true);
+      AllreduceStats stats;
+      AllreduceCall call;
+      call.stats = &stats;
+      call.segment_bytes = 8192;
+      comm->allreduce(buf.data(), n, *codec, state, call);
+      MP_CHECK(stats.algorithm == Algorithm::Hierarchical);
+      const auto exact = exact_sum(4, n, 0, true);
+      for (std::size_t i = 0; i < n; ++i) MP_CHECK(buf[i] == static_cast<float>(exact[i]));
+    }
+    auto codec = make_codec("onebit");
+    AllreduceState state;
+    auto buf = make_input(rank, n);
+    comm->allreduce(buf.data(), n, *codec, state);
+    MP_CHECK(rel_error(buf, exact_sum(4, n)) <= allreduce_error_bound(codec->config()));
+    std::printf("FP %016" PRIx64 "\n", fingerprint(buf.data(), n));
+    return kOk;
+  }, o);
+  expect_all_ok(res);
+  for (int r = 1; r < 4; ++r)
+    EXPECT_EQ(tagged_lines(res[static_cast<std::size_t>(r)], "FP "), tagged_lines(res[0], "FP ")) << describe(res);
+}
+
+// A launcher that says 2 ranks per node while the names put 3 on one node:
+// every rank refuses, naming both.
+TEST(MpHierarchical, ContradictoryLocalSizeIsRefused) {
+  MpOptions o = opts();
+  o.env["LOCAL_WORLD_SIZE"] = "2";
+  const auto res = run_ranks(3, [](int) {
+    ::setenv("GRADZIP_NODE", "same", 1);
+    auto comm = Communicator::from_env(TransportKind::Ucx);
+    return kOk;
+  }, o);
+  for (const auto& r : res) {
+    EXPECT_EQ(r.exit_code, kInvalidArgument) << describe(res);
+    EXPECT_NE(r.output.find("rank 1: LOCAL_WORLD_SIZE=2 but 3 rank(s) share its node"), std::string::npos)
+        << describe(res);
+  }
+}
+
+// The last rank dies (SIGKILL) while the others are inside allreduce calls
+// (pipelined: several exchanges in flight): they fail with IoError within the
+// timeout, never hang. `nodes` > 0 names that many nodes (GRADZIP_NODE) and
+// runs the hierarchical algorithm. Returns how long after the death each
+// survivor failed.
+struct KillCase {
+  int ranks = 3;
+  const char* codec = "none";
+  std::size_t segment_bytes = 0;
+  int per_node = 0;  // > 0: ranks per node, hierarchical
+};
+
+std::vector<double> kill_one_rank(const std::map<std::string, std::string>& env, KillCase c = {}) {
+  const int P = c.ranks, timeout_s = 5;
   MpOptions mo = opts(timeout_s, 60);
   for (const auto& [k, v] : env) mo.env[k] = v;
-  const auto res = run_ranks(P, [P](int rank) {
+  if (c.per_node) mo.env["LOCAL_WORLD_SIZE"] = std::to_string(c.per_node);
+  const auto res = run_ranks(P, [P, c](int rank) {
+    if (c.per_node) ::setenv("GRADZIP_NODE", std::to_string(rank / c.per_node).c_str(), 1);
     auto comm = Communicator::from_env(TransportKind::Ucx);
-    auto codec = make_codec("none");
+    auto codec = make_codec(c.codec);
     AllreduceState state;
     const std::size_t n = 1 << 20;
     std::vector<float> buf(n, 1.0f);
-    comm->allreduce(buf.data(), n, *codec, state);  // all alive: works
+    AllreduceCall call;
+    call.segment_bytes = c.segment_bytes;
+    call.algorithm = c.per_node ? Algorithm::Hierarchical : Algorithm::Auto;
+    AllreduceStats stats;
+    call.stats = &stats;
+    comm->allreduce(buf.data(), n, *codec, state, call);  // all alive: works
+    MP_CHECK(stats.segments > 1);
     if (rank == P - 1) {
       std::thread([] {
         std::this_thread::sleep_for(std::chrono::milliseconds(30));
         ::raise(SIGKILL);
       }).detach();
     }
-    for (int i = 0; i < 100000; ++i) comm->allreduce(buf.data(), n, *codec, state);
+    for (int i = 0; i < 100000; ++i) comm->allreduce(buf.data(), n, *codec, state, call);
     return kOk;
   }, mo);
   const double died = res[P - 1].seconds;
@@ -191,6 +316,18 @@ TEST(MpFailure, KilledRankMakesTheOthersFailWithinTheTimeout) { kill_one_rank({}
 // mode, so the error handler reports the death long before the timeout.
 TEST(MpFailure, KilledRankOverTcpIsReportedByTheErrorHandler) {
   for (double s : kill_one_rank({{"UCX_TLS", "tcp,self"}})) EXPECT_LT(s, 2.0);
+}
+
+// Mid-pipeline: onebit in 16 KiB segments, many exchanges in flight.
+TEST(MpFailure, KilledRankDuringAPipelinedCall) {
+  kill_one_rank({{"UCX_TLS", "tcp,self"}}, KillCase{3, "onebit", 16384, 0});
+  kill_one_rank({}, KillCase{4, "fp16", 65536, 0});
+}
+
+// Mid-hierarchical: two nodes of two ranks; the killed rank's node partner
+// and the other node both notice.
+TEST(MpFailure, KilledRankDuringAHierarchicalCall) {
+  kill_one_rank({{"UCX_TLS", "tcp,self"}}, KillCase{4, "onebit", 65536, 2});
 }
 
 // The last rank stops answering (SIGSTOP: alive, silent): the others time out

@@ -1,12 +1,18 @@
 // ThreadTransport: an in-process Transport for unit tests that run each rank
-// as a thread (gloo's base_test approach): ranks publish their send buffers on
-// a shared hub, wait for each other, copy what is theirs, and wait again so no
-// sender reuses a buffer that is still being read. Host buffers only.
+// as a thread (gloo's base_test approach). A shared hub keeps, for every
+// (sender, receiver) pair, the sends and receives posted and not yet matched,
+// in posting order; whenever both queues of a pair have a head, the two match
+// (transport.h's rule) and the bytes are copied. Exchanges complete when all
+// their messages have matched. Host buffers only.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -20,31 +26,56 @@ namespace gz::test {
 
 class ThreadHub {
  public:
-  explicit ThreadHub(int size) : size_(size), sends_(static_cast<std::size_t>(size)) {}
-  int size() const { return size_; }
+  /// One posted message (a send or a receive).
+  struct Message {
+    int src = 0, dst = 0;
+    ConstSlice send;                  // sends
+    Slice recv;                       // receives
+    std::size_t* received = nullptr;  // receives
+    bool done = false;
+    bool truncated = false;
+  };
+  using Ptr = std::shared_ptr<Message>;
 
-  // Waits until all ranks arrive; throws IoError after `timeout`.
-  void arrive(Timeout timeout) {
-    std::unique_lock lock(mu_);
-    const std::uint64_t gen = gen_;
-    if (++count_ == size_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
+  explicit ThreadHub(int size) : size_(size) {}
+  int size() const { return size_; }
+  std::mutex& mutex() { return mu_; }
+  std::condition_variable& cv() { return cv_; }
+
+  /// Queues a message (lock held by the caller) and matches what it can.
+  void post(const Ptr& m, bool is_send) {
+    auto& q = queues_[{m->src, m->dst}];
+    (is_send ? q.sends : q.recvs).push_back(m);
+    while (!q.sends.empty() && !q.recvs.empty()) {
+      const Ptr s = q.sends.front(), r = q.recvs.front();
+      q.sends.pop_front();
+      q.recvs.pop_front();
+      if (s->send.bytes > r->recv.bytes) {
+        s->truncated = r->truncated = true;
+      } else {
+        if (s->send.bytes) std::memcpy(r->recv.data, s->send.data, s->send.bytes);
+        *r->received = s->send.bytes;
+      }
+      s->done = r->done = true;
     }
-    if (!cv_.wait_for(lock, timeout, [&] { return gen_ != gen; }))
-      GZ_THROW(IoError, "thread transport: barrier timed out after ", timeout.count(), " ms");
+    cv_.notify_all();
   }
-  std::vector<std::vector<ConstSlice>>& sends() { return sends_; }
+  /// Drops the unmatched messages of one rank (lock held): an abort.
+  void withdraw(const std::vector<Ptr>& ms) {
+    for (auto& [pair, q] : queues_)
+      for (auto* d : {&q.sends, &q.recvs})
+        for (auto it = d->begin(); it != d->end();)
+          it = std::find(ms.begin(), ms.end(), *it) != ms.end() ? d->erase(it) : it + 1;
+  }
 
  private:
+  struct Queues {
+    std::deque<Ptr> sends, recvs;
+  };
   int size_;
   std::mutex mu_;
   std::condition_variable cv_;
-  int count_ = 0;
-  std::uint64_t gen_ = 0;
-  std::vector<std::vector<ConstSlice>> sends_;
+  std::map<std::pair<int, int>, Queues> queues_;
 };
 
 class ThreadTransport final : public Transport {
@@ -56,33 +87,97 @@ class ThreadTransport final : public Transport {
   bool exact_sizes() const override { return true; }
   bool device_memory() const override { return false; }
 
-  void allgatherv(ConstSlice send, std::span<const Slice> recv, std::span<std::size_t> received,
-                  const CallContext& ctx) override {
-    std::vector<ConstSlice> to(static_cast<std::size_t>(size()), send);
-    exchange(to, recv, received, ctx);
+  Exchange start(std::span<const SendOp> sends, std::span<const RecvOp> recvs, const CallContext& ctx) override {
+    GZ_ENFORCE(ctx.device == Device::Cpu, "thread transport: host buffers only");
+    check_usable();
+    Pending p;
+    p.deadline = std::chrono::steady_clock::now() + ctx.timeout;
+    p.timeout = ctx.timeout;
+    std::lock_guard lock(hub_->mutex());
+    for (const RecvOp& r : recvs) {
+      auto m = std::make_shared<ThreadHub::Message>();
+      m->src = r.peer, m->dst = rank_, m->recv = r.data, m->received = r.received;
+      p.messages.push_back(m);
+      hub_->post(m, false);
+    }
+    for (const SendOp& s : sends) {
+      auto m = std::make_shared<ThreadHub::Message>();
+      m->src = rank_, m->dst = s.peer, m->send = s.data;
+      p.messages.push_back(m);
+      hub_->post(m, true);
+    }
+    const std::uint64_t id = ++next_id_;
+    pending_[id] = std::move(p);
+    return Exchange{id};
   }
-  void alltoallv(std::span<const ConstSlice> send, std::span<const Slice> recv, std::span<std::size_t> received,
-                 const CallContext& ctx) override {
-    exchange(std::vector<ConstSlice>(send.begin(), send.end()), recv, received, ctx);
+
+  bool test(Exchange x) override {
+    Pending& p = find(x);
+    std::unique_lock lock(hub_->mutex());
+    if (!finished(p, lock)) return false;
+    pending_.erase(x.id);
+    return true;
   }
-  void barrier(const CallContext& ctx) override { hub_->arrive(ctx.timeout); }
+
+  void wait(Exchange x) override {
+    Pending& p = find(x);
+    std::unique_lock lock(hub_->mutex());
+    while (!finished(p, lock)) hub_->cv().wait_until(lock, p.deadline);
+    pending_.erase(x.id);
+  }
+
+  void abort(std::string_view) override {
+    std::lock_guard lock(hub_->mutex());
+    for (auto& [id, p] : pending_) hub_->withdraw(p.messages);
+    pending_.clear();
+    broken_ = true;
+  }
 
  private:
-  void exchange(std::vector<ConstSlice> to, std::span<const Slice> recv, std::span<std::size_t> received,
-                const CallContext& ctx) {
-    GZ_ENFORCE(ctx.device == Device::Cpu, "thread transport: host buffers only");
-    hub_->sends()[static_cast<std::size_t>(rank_)] = std::move(to);
-    hub_->arrive(ctx.timeout);
-    for (std::size_t i = 0; i < recv.size(); ++i) {
-      const ConstSlice s = hub_->sends()[i][static_cast<std::size_t>(rank_)];
-      if (s.bytes > recv[i].bytes) GZ_THROW(IoError, "thread transport: message truncated");
-      if (s.bytes && recv[i].data != s.data) std::memmove(recv[i].data, s.data, s.bytes);
-      received[i] = s.bytes;
-    }
-    hub_->arrive(ctx.timeout);
+  struct Pending {
+    std::vector<ThreadHub::Ptr> messages;
+    std::chrono::steady_clock::time_point deadline;
+    Timeout timeout{0};
+  };
+
+  void check_usable() const {
+    if (broken_) GZ_THROW(IoError, "thread transport rank ", rank_, ": broken by an earlier failure");
   }
+  Pending& find(Exchange x) {
+    check_usable();
+    const auto it = pending_.find(x.id);
+    GZ_ENFORCE(it != pending_.end(), "thread transport: exchange ", x.id, " is not in flight");
+    return it->second;
+  }
+  // True when every message matched; throws (breaking the transport) on a
+  // truncated message or at the deadline. Lock held.
+  bool finished(Pending& p, std::unique_lock<std::mutex>& lock) {
+    bool all = true;
+    for (const auto& m : p.messages) {
+      if (m->truncated) fail(p, lock, "message truncated (the ranks disagree on buffer sizes)");
+      all = all && m->done;
+    }
+    if (!all && std::chrono::steady_clock::now() >= p.deadline) {
+      std::string peers;
+      for (const auto& m : p.messages)
+        if (!m->done) peers += " " + std::to_string(m->src == rank_ ? m->dst : m->src);
+      fail(p, lock, "exchange timed out after " + std::to_string(p.timeout.count()) + " ms waiting for rank(s)" + peers);
+    }
+    return all;
+  }
+  [[noreturn]] void fail(Pending&, std::unique_lock<std::mutex>& lock, const std::string& what) {
+    for (auto& [id, q] : pending_) hub_->withdraw(q.messages);
+    pending_.clear();
+    broken_ = true;
+    lock.unlock();
+    GZ_THROW(IoError, "thread transport rank ", rank_, ": ", what);
+  }
+
   std::shared_ptr<ThreadHub> hub_;
   int rank_;
+  std::map<std::uint64_t, Pending> pending_;
+  std::uint64_t next_id_ = 0;
+  bool broken_ = false;
 };
 
 /// Runs fn(rank, transport, store) on `size` threads sharing one hub and one

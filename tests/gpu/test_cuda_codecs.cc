@@ -230,6 +230,24 @@ TEST_P(CudaCodecVsCpu, SamePayloadResidualAndDecode) {
   EXPECT_NO_THROW(check_payload_status(status.get(), stream));
   ASSERT_TRUE(same_floats(out_cpu, dout.download(), "decoded output (async)"));
 
+  // The other combine modes (overwrite, scale), and a sum of two payloads.
+  for (const Combine mode : {Combine{false, 1.0f}, Combine{true, 0.25f}, Combine{false, 1.0f / 3}}) {
+    std::vector<float> want = out0;
+    cpu->decode(p_cpu.data(), p_cpu.size(), want.data(), n, mode, host);
+    dout.upload(out0);
+    gpu->decode(payload.get(), bytes_gpu, dout.get(), n, mode, ctx);
+    ASSERT_TRUE(same_floats(want, dout.download(), mode.accumulate ? "decoded output (scaled)" : "decoded output (overwrite)"));
+  }
+  {
+    std::vector<float> want = out0;
+    const PayloadRef host_refs[2] = {{p_cpu.data(), p_cpu.size()}, {p_cpu.data(), p_cpu.size()}};
+    cpu->decode_sum(host_refs, want.data(), n, 1.0f / 3, host);
+    dout.upload(out0);
+    const PayloadRef dev_refs[2] = {{payload.get(), bytes_gpu}, {payload.get(), bytes_gpu}};
+    gpu->decode_sum(dev_refs, dout.get(), n, 1.0f / 3, ctx);
+    ASSERT_TRUE(same_floats(want, dout.download(), "decode_sum"));
+  }
+
   // Encoding again through another workspace gives the same payload.
   dr.upload(r0);
   payload.fill_bytes(0x5A);

@@ -148,6 +148,23 @@ TEST_P(CudaPayloadValidation, RejectedLikeTheCpuAndOutUnchanged) {
     const auto after = out.download();
     ASSERT_EQ(test::first_float_mismatch(after.data(), out0.data(), n + 1), -1) << "out was modified";
 
+    // In a sum, after a valid payload whose overwrite would change out: the
+    // same verdict, and out still unchanged.
+    if (n == n0) {
+      DeviceBuffer<std::byte> good(valid_bytes);
+      good.upload(valid);
+      const PayloadRef refs[2] = {{good.get(), valid_bytes}, {payload.get(), bytes}};
+      std::string sum_msg;
+      try {
+        codec->decode_sum(refs, out.get(), n, 0.5f, {Device::Cuda, stream});
+      } catch (const PayloadError& e) {
+        sum_msg = bare(e.what());
+      }
+      EXPECT_EQ(sum_msg, cpu_msg);
+      const auto after_sum = out.download();
+      ASSERT_EQ(test::first_float_mismatch(after_sum.data(), out0.data(), n + 1), -1) << "decode_sum modified out";
+    }
+
     // Status-word verdict: no throw unless the host alone can tell.
     DeviceBuffer<PayloadStatus> status(1);
     status.fill_bytes(0);

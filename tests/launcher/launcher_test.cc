@@ -153,6 +153,14 @@ TEST(Launcher, RejectsBadUsage) {
   EXPECT_EQ(run("-n 2").code, 2);
   EXPECT_EQ(run("-n x -- true").code, 2);
   EXPECT_NE(run("-n 1 -- /nonexistent/program").code, 0);
+  // --ranks-per-node shapes --link, and must divide -n (refused before any setup).
+  const RunResult alone = run("-n 4 --ranks-per-node 2 -- true");
+  EXPECT_EQ(alone.code, 2);
+  EXPECT_NE(alone.output.find("give --link too"), std::string::npos) << alone.output;
+  const RunResult uneven = run("-n 3 --link 1gbit --ranks-per-node 2 -- true");
+  EXPECT_EQ(uneven.code, 2);
+  EXPECT_NE(uneven.output.find("not a multiple of --ranks-per-node 2"), std::string::npos) << uneven.output;
+  EXPECT_EQ(run("-n 2 --link 1gbit --ranks-per-node 0 -- true").code, 2);
 }
 
 }  // namespace

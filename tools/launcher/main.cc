@@ -1,4 +1,4 @@
-// gradzip-run -n N [--link RATE[,DELAY]] [--port P] [--grace S] [--env K=V] -- CMD ARGS...
+// gradzip-run -n N [--link RATE[,DELAY] [--ranks-per-node M]] [--port P] [--grace S] [--env K=V] -- CMD ARGS...
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,7 +12,8 @@ namespace {
 
 void usage(FILE* f) {
   std::fputs(
-      "usage: gradzip-run -n N [--link RATE[,DELAY]] [--port P] [--grace SECONDS] [--env KEY=VALUE]... -- CMD [ARGS...]\n"
+      "usage: gradzip-run -n N [--link RATE[,DELAY] [--ranks-per-node M]] [--port P] [--grace SECONDS]\n"
+      "                   [--env KEY=VALUE]... -- CMD [ARGS...]\n"
       "       gradzip-run --cleanup\n"
       "\n"
       "Starts N ranks of CMD on this machine with the torchrun environment\n"
@@ -38,6 +39,10 @@ void usage(FILE* f) {
       "                     GLOO_SOCKET_IFNAME = eth0, UCX eager sends (--env overrides them;\n"
       "                     docs/cluster.md). Everything it makes is deleted when the job ends,\n"
       "                     fails or is interrupted.\n"
+      "  --ranks-per-node M M ranks per node: they share one namespace (their traffic to each other\n"
+      "                     unshaped, like ranks on one machine); nodes are joined by links of RATE.\n"
+      "                     N must be a multiple of M. Ranks get LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
+      "                     GROUP_RANK and GRADZIP_NODE of their node (default 1)\n"
       "  --mtu BYTES        link MTU (default 9000: jumbo frames, as on cluster networks)\n"
       "  --burst BYTES      tbf bucket (default 4 ms at RATE, within 64 KiB..2 MiB)\n"
       "  --verbose          print every ip/tc command\n"
@@ -61,6 +66,7 @@ int main(int argc, char** argv) {
   gz::launcher::LaunchOptions o;
   o.ranks = 0;
   std::string link, mtu, burst;
+  int per_node = 0;
   bool verbose = false, cleanup = false;
   int i = 1;
   for (; i < argc; ++i) {
@@ -91,6 +97,12 @@ int main(int argc, char** argv) {
       o.env[kv.substr(0, eq)] = kv.substr(eq + 1);
     } else if (a == "--link") {
       link = value("--link");
+    } else if (a == "--ranks-per-node") {
+      per_node = parse_int(value("--ranks-per-node"), "--ranks-per-node");
+      if (per_node < 1) {
+        std::fprintf(stderr, "gradzip-run: --ranks-per-node must be at least 1\n");
+        return 2;
+      }
     } else if (a == "--mtu") {
       mtu = value("--mtu");
     } else if (a == "--burst") {
@@ -126,8 +138,12 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
-  if (link.empty() && (!mtu.empty() || !burst.empty())) {
-    std::fprintf(stderr, "gradzip-run: --mtu and --burst shape --link; give --link too\n");
+  if (link.empty() && (!mtu.empty() || !burst.empty() || per_node)) {
+    std::fprintf(stderr, "gradzip-run: --mtu, --burst and --ranks-per-node shape --link; give --link too\n");
+    return 2;
+  }
+  if (per_node && o.ranks % per_node != 0) {
+    std::fprintf(stderr, "gradzip-run: -n %d is not a multiple of --ranks-per-node %d\n", o.ranks, per_node);
     return 2;
   }
   try {
@@ -149,7 +165,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gradzip-run: %s\n", e.what());
       return 2;
     }
-    gz::launcher::NetnsPlacement netns(spec, verbose);
+    gz::launcher::NetnsPlacement netns(spec, verbose, per_node ? per_node : 1);
     return gz::launcher::launch(o, netns);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "gradzip-run: %s\n", e.what());

@@ -1,17 +1,30 @@
-// The emulated cluster: gradzip-run --link RATE[,DELAY] puts every rank in a
-// network namespace of its own, joined to a switch, with each rank's port
+// The emulated cluster: gradzip-run --link RATE[,DELAY] puts every node in a
+// network namespace of its own, joined to a switch, with each node's port
 // shaped to RATE in both directions, so that a one-machine job sees the
-// network a real cluster of that link speed would give it.
+// network a real cluster of that link speed would give it. A node holds one
+// rank, or M with --ranks-per-node M: those share the namespace, and their
+// traffic to each other stays inside it, unshaped, like ranks on one machine.
 //
-//   namespace gzrun-<pid>-hub    br0 (the switch), v0..v{P-1} (its ports)
-//   namespace gzrun-<pid>-r<k>   eth0 = 10.213.X.(k+1)/24, the other end of v<k>
+//   namespace gzrun-<pid>-hub    br0 (the switch), v0..v{N-1} (its ports)
+//   namespace gzrun-<pid>-n<k>   eth0 = 10.213.X.(k+1)/24, the other end of v<k>;
+//                                ranks k*M .. k*M+M-1
 //
-// Shaping. A rank's egress is shaped on its eth0 and its ingress on the
+// Shaping. A node's egress is shaped on its eth0 and its ingress on the
 // switch's port v<k> (that port's egress): a token bucket filter (tbf) of
-// RATE on each, so traffic between two ranks crosses the sender's and the
+// RATE on each, so traffic between two nodes crosses the sender's and the
 // receiver's limit, like a full-duplex port on a switch. DELAY (netem, on
-// eth0) adds one-way latency between any two ranks; it needs the kernel's
+// eth0) adds one-way latency between any two nodes; it needs the kernel's
 // sch_netem, and without it the placement refuses rather than ignore DELAY.
+//
+// Nodes of several ranks are whole machines in miniature: besides the network
+// namespace, a node has its own host name (gznode-<k>), System V IPC and a
+// private /dev/shm, held by one sleeping process per node that every rank of
+// the node enters (nsenter). So UCX's shared-memory transports connect the
+// ranks of a node, and only them: with one /dev/shm for all, UCX took the
+// shared memory between nodes too and no byte crossed the shaped links.
+//
+// Ranks learn their node from the torchrun variables (LOCAL_RANK,
+// LOCAL_WORLD_SIZE, GROUP_RANK) and GRADZIP_NODE (comm/topology.h).
 //
 // What it touches: only namespaces it creates and the devices inside them.
 // The host's own namespace gets no device, address or route. Teardown
@@ -55,6 +68,7 @@ std::uint64_t default_burst(std::uint64_t rate_bps, int mtu);
 /// to run when this process lacks root or iproute2.
 struct Tools {
   std::string ip, tc;
+  std::string unshare, nsenter;  // util-linux: nodes of several ranks (empty when not found)
 };
 Tools check_prerequisites();
 
@@ -64,7 +78,9 @@ int cleanup_stale(const Tools& tools, bool verbose);
 
 class NetnsPlacement final : public Placement {
  public:
-  NetnsPlacement(LinkSpec link, bool verbose);
+  /// `ranks_per_node` ranks share each node's namespace (setup() needs a
+  /// rank count that is a multiple of it).
+  NetnsPlacement(LinkSpec link, bool verbose, int ranks_per_node = 1);
   ~NetnsPlacement() override;
 
   void setup(int ranks) override;
@@ -74,10 +90,11 @@ class NetnsPlacement final : public Placement {
   std::vector<std::string> wrap(int rank, const std::vector<std::string>& command) const override;
   void teardown() override;
 
-  /// Namespace names (valid after setup).
+  /// Namespace names and addresses (valid after setup).
   std::string hub_namespace() const;
-  std::string rank_namespace(int rank) const;
-  std::string rank_address(int rank) const;
+  std::string node_namespace(int node) const;
+  std::string node_address(int node) const;
+  int node_of(int rank) const { return rank / per_node_; }
 
  private:
   void run(const std::vector<std::string>& argv) const;  // throws with the tool's output
@@ -90,7 +107,9 @@ class NetnsPlacement final : public Placement {
   std::string prefix_;  // gzrun-<pid>-
   int subnet_ = -1;     // X in 10.213.X.0/24
   int ranks_ = 0;
+  int per_node_ = 1;
   std::vector<std::string> made_;  // namespaces made, in order
+  std::vector<int> holders_;       // nodes of several ranks: the process holding each node's namespaces
 };
 
 }  // namespace gz::launcher
