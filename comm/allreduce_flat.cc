@@ -89,7 +89,10 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
     for (std::size_t i = 0; i < Pg; ++i) {
       if (i == m) continue;
       ws.sends_.push_back({g.ranks[i], out});
-      ws.recvs_.push_back({g.ranks[i], Slice{slots.at(k, i), cap}, &received(k, i)});
+      // Raw floats: receive exactly the segment, as a transport without
+      // exact sizes (torch's process group, NCCL) needs sends and receives
+      // of one size.
+      ws.recvs_.push_back({g.ranks[i], Slice{slots.at(k, i), w.raw ? 4 * r.count : cap}, &received(k, i)});
     }
     flights[k] = start(ws.sends_, ws.recvs_);
   };
@@ -108,8 +111,9 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
     } else {
       ws.payloads_.clear();
       for (std::size_t i = 0; i < Pg; ++i)
-        ws.payloads_.push_back(
-            {slots.at(k, i), i == m ? received(k, m) : payload_size(slots.at(k, i), received(k, i), cap)});
+        ws.payloads_.push_back({slots.at(k, i), i == m ? received(k, m)
+                                                       : payload_size(slots.at(k, i), received(k, i), cap, *w.codec,
+                                                                      r.count)});
       w.codec->decode_sum(ws.payloads_, buf + r.offset, r.count, scale_by, exec);
     }
     timer.end(&stats.decode_s);
@@ -202,7 +206,8 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       }
       if (j == m) continue;
       ws.sends_.push_back({g.ranks[j], out});
-      ws.recvs_.push_back({g.ranks[j], Slice{B.at(k, j), cap}, &received(k, j)});
+      // Raw floats: exactly this member's own segment (see allgather).
+      ws.recvs_.push_back({g.ranks[j], Slice{B.at(k, j), w.raw ? 4 * seg_of(m, s).count : cap}, &received(k, j)});
     }
     if (!w.raw) before_send();
     flights[k] = start(ws.sends_, ws.recvs_);
@@ -227,7 +232,8 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       } else {
         ws.payloads_.clear();
         for (std::size_t i = 0; i < Pg; ++i)
-          ws.payloads_.push_back({B.at(k, i), i == m ? own_bytes[k] : payload_size(B.at(k, i), received(k, i), cap)});
+          ws.payloads_.push_back(
+              {B.at(k, i), i == m ? own_bytes[k] : payload_size(B.at(k, i), received(k, i), cap, *w.codec, r.count)});
         w.codec->decode_sum(ws.payloads_, target, r.count, sum_scale, exec);
       }
       timer.end(&stats.decode_s);
@@ -270,7 +276,8 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
     timer.begin();
     for (std::size_t j = 0; j < Pg; ++j) {
       const ChunkRange r = seg_of(j, s);
-      const std::size_t bytes = j == m ? received(2 + k, m) : payload_size(G.at(k, j), received(2 + k, j), cap);
+      const std::size_t bytes =
+          j == m ? received(2 + k, m) : payload_size(G.at(k, j), received(2 + k, j), cap, *w.codec, r.count);
       w.codec->decode(G.at(k, j), bytes, buf + r.offset, r.count, Combine{false, scale_by}, exec);
     }
     timer.end(&stats.decode_s);
