@@ -9,7 +9,9 @@ differs is how the gradient buckets are exchanged:
     torch-fp16               torch's fp16_compress_hook
     powersgd:rank=R          torch's PowerSGD hook (rank R, error feedback, warm start)
     <gradzip spec>           gradzip's hook, e.g. onebit, topk:density=0.01,ef=off
-    <gradzip spec>@gradzip   the same over gradzip's own communicator (transport="gradzip")
+    <gradzip spec>@gradzip   the same over gradzip's own transport (transport="gradzip")
+    <gradzip spec>/<algo>    with the hook's algorithm set (allgather, scatter_reduce);
+                             without it, the hook's "auto"
 
     python -m gradzip.experiments.digits --ranks 4 --seeds 0,1,2 --json out.json --markdown out.md
 
@@ -133,7 +135,8 @@ def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     else:
         spec, _, transport = method.partition("@")
-        state = CompressionState(codec=spec, transport=transport or "torch")
+        spec, _, algorithm = spec.partition("/")
+        state = CompressionState(codec=spec, transport=transport or "torch", algorithm=algorithm or "auto")
         ddp.register_comm_hook(state, compression_hook)
 
     opt = torch.optim.SGD(ddp.parameters(), lr=settings.lr, momentum=settings.momentum)
