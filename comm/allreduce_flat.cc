@@ -52,7 +52,7 @@ void Run::sum_segment(const Group& g, const Wire& w, const Slots& slots, std::si
     ws.payloads_.clear();
     for (std::size_t i = 0; i < Pg; ++i)
       ws.payloads_.push_back(
-          {slots.at(set, i), i == m ? own_bytes : payload_size(slots.at(set, i), received[i], cap)});
+          {slots.at(set, i), i == m ? own_bytes : payload_size(slots.at(set, i), received[i], cap, *w.codec, count)});
     w.codec->decode_sum(ws.payloads_, target, count, scale_by, exec);
   }
   timer.end(&stats.decode_s);
@@ -149,7 +149,10 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
     for (std::size_t i = 0; i < Pg; ++i) {
       if (i == m) continue;
       ws.sends_.push_back({g.ranks[i], out});
-      ws.recvs_.push_back({g.ranks[i], Slice{slots.at(set, i), cap}, &received(k, i)});
+      // Raw floats: receive exactly the segment, as a transport without
+      // exact sizes (torch's process group, NCCL) needs sends and receives
+      // of one size.
+      ws.recvs_.push_back({g.ranks[i], Slice{slots.at(set, i), w.raw ? 4 * r.count : cap}, &received(k, i)});
     }
     flights[k] = start(ws.sends_, ws.recvs_);
   };
@@ -251,7 +254,8 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       }
       if (j == m) continue;
       ws.sends_.push_back({g.ranks[j], out});
-      ws.recvs_.push_back({g.ranks[j], Slice{B.at(k, j), cap}, &received(k, j)});
+      // Raw floats: exactly this member's own segment (see allgather).
+      ws.recvs_.push_back({g.ranks[j], Slice{B.at(k, j), w.raw ? 4 * seg_of(m, s).count : cap}, &received(k, j)});
     }
     if (!w.raw) before_send();
     flights[k] = start(ws.sends_, ws.recvs_);
@@ -308,7 +312,7 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
     for (std::size_t j = 0; j < Pg; ++j) {
       const ChunkRange r = seg_of(j, s);
       std::byte* slot = G.at(gset(s), j);
-      const PayloadRef p{slot, j == m ? received(2 + k, m) : payload_size(slot, received(2 + k, j), cap)};
+      const PayloadRef p{slot, j == m ? received(2 + k, m) : payload_size(slot, received(2 + k, j), cap, *w.codec, r.count)};
       w.codec->decode_sum(std::span(&p, 1), buf + r.offset, r.count, scale_by, exec);  // overwrite, scaled
     }
     timer.end(&stats.decode_s);

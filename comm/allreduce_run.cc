@@ -156,9 +156,13 @@ void Run::before_send() {
   if (o.device == Device::Cuda && !device_memory) mem::synchronize(o.device, o.stream);
 }
 
-std::size_t Run::payload_size(const std::byte* slot, std::size_t received, std::size_t capacity) const {
-  if (exact || !varies) return exact ? received : capacity;
-  // The sender sent its whole slot: the header says how much is payload.
+std::size_t Run::payload_size(const std::byte* slot, std::size_t received, std::size_t capacity, const Codec& c,
+                              std::size_t count) const {
+  if (exact) return received;
+  // The sender sent its whole slot. A fixed-size payload's size follows from
+  // its count (a segment may be shorter than the slot was sized for: the
+  // last one, a smaller chunk); otherwise the header says.
+  if (!varies) return c.max_payload_bytes(count);
   std::byte head[wire::kHeaderBytes];
   mem::to_host(head, slot, sizeof head, o.device, o.stream);
   std::uint64_t body = 0;

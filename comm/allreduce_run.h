@@ -179,8 +179,9 @@ struct Run {
   }
   // Bytes to send of a payload of `bytes` in a slot of `capacity`.
   std::size_t send_size(std::size_t bytes, std::size_t capacity) const { return exact ? bytes : capacity; }
-  // Bytes of the payload that arrived in a slot.
-  std::size_t payload_size(const std::byte* slot, std::size_t received, std::size_t capacity) const;
+  // Bytes of the payload of `count` elements of codec `c` that arrived in a slot.
+  std::size_t payload_size(const std::byte* slot, std::size_t received, std::size_t capacity, const Codec& c,
+                           std::size_t count) const;
   // Throws PayloadError if a GPU decode of this call rejected a payload
   // (synchronizes the stream). CPU decodes throw on the spot.
   void check_decodes();

@@ -112,6 +112,17 @@ std::unique_ptr<Communicator> Communicator::assemble([[maybe_unused]] TransportK
   return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options, std::move(topology));
 }
 
+std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport,
+                                                   const CommunicatorOptions& options) {
+  GZ_ENFORCE(store && transport, "a communicator needs a store and a transport");
+  // Sealed as in create() above: the topology read from the store is a member's.
+  const std::string job_key = shared_job_key(*store, options.prefix, transport->rank(), options.timeout);
+  auto sealed = std::make_shared<SealedStore>(std::move(store), job_key);
+  auto prefixed = std::make_shared<PrefixStore>(options.prefix, std::move(sealed));
+  Topology topology = discover_topology(*prefixed, transport->rank(), transport->size(), options.timeout);
+  return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options, std::move(topology));
+}
+
 Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport,
                            CommunicatorOptions options, std::optional<Topology> topology)
     : store_(std::move(store)), transport_(std::move(transport)), options_(std::move(options)) {
@@ -122,7 +133,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transpo
 }
 
 Communicator::~Communicator() {
-  if (broken_ || size() == 1) return;
+  if (broken_ || size() == 1 || !options_.closing_barrier) return;
   try {
     // Bounded: a peer that already failed costs at most this much.
     transport_->barrier(CallContext{Device::Cpu, nullptr, std::min(options_.timeout, Timeout(10000))});

@@ -36,6 +36,10 @@ struct CommunicatorOptions {
   Timeout timeout = default_timeout();  ///< default for every call (and the rendezvous)
   std::string prefix = "gradzip";       ///< Store namespace of this communicator
   int cuda_device = -1;                 ///< NCCL: the GPU (-1: LOCAL_RANK modulo the GPU count)
+  /// Closing waits (briefly) for every rank, so that rank 0's store and the
+  /// endpoints outlive every rank's last call. Off for a transport over
+  /// endpoints and a store someone else owns (torch's process group).
+  bool closing_barrier = true;
 };
 
 /// Per-call settings of Communicator::allreduce.
@@ -66,12 +70,19 @@ class Communicator {
   static std::unique_ptr<Communicator> create(TransportKind kind, std::shared_ptr<Store> store, int rank,
                                               int world_size, int local_rank, const CommunicatorOptions& options = {});
 
+  /// Over a transport the caller made (e.g. one a Python object drives): the
+  /// ranks learn each other's nodes through `store` under options.prefix,
+  /// its values sealed as create() above seals them. Collective.
+  static std::unique_ptr<Communicator> create(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport,
+                                              const CommunicatorOptions& options = {});
+
   /// From parts (tests use a HashStore and threads). The topology defaults to
   /// every rank a node of its own.
   Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transport> transport, CommunicatorOptions options = {},
                std::optional<Topology> topology = std::nullopt);
-  /// When nothing failed, waits (briefly) for every rank to arrive, so that
-  /// rank 0's store and every endpoint outlive the last call of every rank.
+  /// When nothing failed (and options.closing_barrier), waits (briefly) for
+  /// every rank to arrive, so that rank 0's store and every endpoint outlive
+  /// the last call of every rank.
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;

@@ -89,7 +89,11 @@ class Communicator:
         """A communicator over the ranks of a torch process group (default: WORLD),
         meeting through torch's default store. Collective: every rank of the
         group calls it, in the same order relative to other from_torch calls.
-        transport defaults to nccl for an NCCL group, else ucx."""
+
+        transport: ``"ucx"`` or ``"nccl"`` (gradzip's own; the default is nccl
+        for an NCCL group, else ucx), or ``"torch"``: the group itself carries
+        the bytes (gloo or NCCL point-to-point calls), driven by the same C++
+        algorithms, with no second set of connections."""
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
@@ -101,7 +105,13 @@ class Communicator:
         if transport is None:
             transport = "nccl" if dist.get_backend(process_group) == "nccl" else "ucx"
         ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
-        prefix = f"gradzip/{'.'.join(map(str, ranks))}/{next(_torch_count)}"
+        count = next(_torch_count)
+        prefix = f"gradzip/{'.'.join(map(str, ranks))}/{count}"
+        if transport == "torch":
+            from .torch._torch_transport import ProcessGroupTransport
+
+            driver = ProcessGroupTransport(process_group, tag=count)
+            return cls(_core.Communicator.from_python(get_store(), driver, timeout, prefix))
         cuda_device = -1
         if transport == "nccl":
             import torch

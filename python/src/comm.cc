@@ -24,6 +24,7 @@
 #include "bindings.h"
 #include "codec_handle.h"
 #include "comm/agreement.h"
+#include "py_transport.h"
 #include "comm/allreduce.h"
 #include "comm/communicator.h"
 #include "common/error.h"
@@ -157,21 +158,41 @@ std::unique_ptr<CommHandle> from_env(std::string_view transport, std::optional<d
   return h;
 }
 
+void check_store(const nb::object& store) {
+  for (const char* m : {"set", "get", "wait", "add", "check"})
+    if (!nb::hasattr(store, m))
+      GZ_THROW(gz::InvalidArgument, "store has no ", m, "() method; pass a torch.distributed.Store "
+               "(or an object with its set/get/wait/add/check)");
+}
+
 std::unique_ptr<CommHandle> from_store(nb::object store, int rank, int world_size, std::string_view transport,
                                        std::optional<double> timeout_s, const std::string& prefix, int cuda_device) {
   const gz::TransportKind kind = gz::parse_transport_kind(transport);
   if (world_size < 1 || rank < 0 || rank >= world_size)
     GZ_THROW(gz::InvalidArgument, "rank ", rank, " is not in [0, ", world_size, ")");
-  for (const char* m : {"set", "get", "wait", "add", "check"})
-    if (!nb::hasattr(store, m))
-      GZ_THROW(gz::InvalidArgument, "store has no ", m, "() method; pass a torch.distributed.Store "
-               "(or an object with its set/get/wait/add/check)");
+  check_store(store);
   const gz::CommunicatorOptions options = make_options(timeout_s, prefix, cuda_device);
   auto py = std::make_shared<PyStore>(std::move(store), options.timeout);
   auto h = std::make_unique<CommHandle>();
   nb::gil_scoped_release release;
   // A torch store has no local rank; one GPU per rank on a node is the usual layout.
   h->comm = gz::Communicator::create(kind, std::move(py), rank, world_size, rank, options);
+  return h;
+}
+
+// Over a transport a Python object drives (py_transport.h): torch's process
+// group. The store is the group's (torch's default store); the group and the
+// store outlive the communicator, so closing waits for nobody.
+std::unique_ptr<CommHandle> from_python(nb::object store, nb::object driver, std::optional<double> timeout_s,
+                                        const std::string& prefix) {
+  check_store(store);
+  gz::CommunicatorOptions options = make_options(timeout_s, prefix, -1);
+  options.closing_barrier = false;
+  auto transport = std::make_unique<PyTransport>(std::move(driver));
+  auto py = std::make_shared<PyStore>(std::move(store), options.timeout);
+  auto h = std::make_unique<CommHandle>();
+  nb::gil_scoped_release release;
+  h->comm = gz::Communicator::create(std::move(py), std::move(transport), options);
   return h;
 }
 
@@ -265,6 +286,12 @@ void bind_comm(nb::module_& m) {
                           "timeout: float | None = None, prefix: str = 'gradzip', cuda_device: int = -1) "
                           "-> Communicator"),
                   "Rendezvous through an existing store (a torch.distributed.Store).")
+      .def_static("from_python", &from_python, nb::arg("store"), nb::arg("transport"),
+                  nb::arg("timeout") = nb::none(), nb::arg("prefix") = "gradzip",
+                  nb::sig("def from_python(store: object, transport: object, timeout: float | None = None, "
+                          "prefix: str = 'gradzip') -> Communicator"),
+                  "Over a transport a Python object performs (start/test/wait/abort of exchanges; see\n"
+                  "python/src/py_transport.h), meeting through `store`.")
       .def_prop_ro("rank", [](CommHandle& h) { return h.get().rank(); })
       .def_prop_ro("size", [](CommHandle& h) { return h.get().size(); })
       .def_prop_ro("transport", [](CommHandle& h) { return std::string(h.get().transport().name()); })

@@ -4,6 +4,11 @@
 // in posting order; whenever both queues of a pair have a head, the two match
 // (transport.h's rule) and the bytes are copied. Exchanges complete when all
 // their messages have matched. Host buffers only.
+//
+// Sizes::Slot makes a rank's transport report sizes as NCCL and torch's
+// process group do (exact_sizes() false: a receive learns only its own
+// capacity), and refuse a send whose size differs from the receive's, as
+// those backends need them equal.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +37,7 @@ class ThreadHub {
     ConstSlice send;                  // sends
     Slice recv;                       // receives
     std::size_t* received = nullptr;  // receives
+    bool same_size = false;           // receives of a Sizes::Slot transport
     bool done = false;
     bool truncated = false;
   };
@@ -50,11 +56,11 @@ class ThreadHub {
       const Ptr s = q.sends.front(), r = q.recvs.front();
       q.sends.pop_front();
       q.recvs.pop_front();
-      if (s->send.bytes > r->recv.bytes) {
+      if (s->send.bytes > r->recv.bytes || (r->same_size && s->send.bytes != r->recv.bytes)) {
         s->truncated = r->truncated = true;
       } else {
         if (s->send.bytes) std::memcpy(r->recv.data, s->send.data, s->send.bytes);
-        *r->received = s->send.bytes;
+        *r->received = r->same_size ? r->recv.bytes : s->send.bytes;
       }
       s->done = r->done = true;
     }
@@ -78,13 +84,17 @@ class ThreadHub {
   std::map<std::pair<int, int>, Queues> queues_;
 };
 
+/// How a ThreadTransport reports received sizes (see the top of this file).
+enum class Sizes { Exact, Slot };
+
 class ThreadTransport final : public Transport {
  public:
-  ThreadTransport(std::shared_ptr<ThreadHub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+  ThreadTransport(std::shared_ptr<ThreadHub> hub, int rank, Sizes sizes = Sizes::Exact)
+      : hub_(std::move(hub)), rank_(rank), sizes_(sizes) {}
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
   const char* name() const override { return "thread"; }
-  bool exact_sizes() const override { return true; }
+  bool exact_sizes() const override { return sizes_ == Sizes::Exact; }
   bool device_memory() const override { return false; }
 
   Exchange start(std::span<const SendOp> sends, std::span<const RecvOp> recvs, const CallContext& ctx) override {
@@ -97,6 +107,7 @@ class ThreadTransport final : public Transport {
     for (const RecvOp& r : recvs) {
       auto m = std::make_shared<ThreadHub::Message>();
       m->src = r.peer, m->dst = rank_, m->recv = r.data, m->received = r.received;
+      m->same_size = sizes_ == Sizes::Slot;
       p.messages.push_back(m);
       hub_->post(m, false);
     }
@@ -154,7 +165,7 @@ class ThreadTransport final : public Transport {
   bool finished(Pending& p, std::unique_lock<std::mutex>& lock) {
     bool all = true;
     for (const auto& m : p.messages) {
-      if (m->truncated) fail(p, lock, "message truncated (the ranks disagree on buffer sizes)");
+      if (m->truncated) fail(p, lock, "message truncated, or (Sizes::Slot) a send and its receive of different sizes");
       all = all && m->done;
     }
     if (!all && std::chrono::steady_clock::now() >= p.deadline) {
@@ -175,6 +186,7 @@ class ThreadTransport final : public Transport {
 
   std::shared_ptr<ThreadHub> hub_;
   int rank_;
+  Sizes sizes_;
   std::map<std::uint64_t, Pending> pending_;
   std::uint64_t next_id_ = 0;
   bool broken_ = false;
@@ -183,7 +195,7 @@ class ThreadTransport final : public Transport {
 /// Runs fn(rank, transport, store) on `size` threads sharing one hub and one
 /// HashStore; returns each rank's exception (null when it returned).
 inline std::vector<std::exception_ptr> run_threads(
-    int size, const std::function<void(int, Transport&, Store&)>& fn) {
+    int size, const std::function<void(int, Transport&, Store&)>& fn, Sizes sizes = Sizes::Exact) {
   auto hub = std::make_shared<ThreadHub>(size);
   auto store = std::make_shared<HashStore>(Timeout(20000));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
@@ -191,7 +203,7 @@ inline std::vector<std::exception_ptr> run_threads(
   for (int r = 0; r < size; ++r)
     threads.emplace_back([&, r] {
       try {
-        ThreadTransport t(hub, r);
+        ThreadTransport t(hub, r, sizes);
         fn(r, t, *store);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();

@@ -1,6 +1,7 @@
 """CompressionState's arguments and the layout tracking behind it, in one process."""
 
 import datetime
+import pickle
 
 import pytest
 import torch
@@ -14,11 +15,17 @@ from gradzip.torch import _layout
 
 
 # First: the module's process group does not exist yet.
-def test_needs_an_initialised_process_group():
+def test_a_state_builds_and_pickles_before_the_process_group_exists():
     if dist.is_initialized():
         pytest.skip("a process group is up")
+    state = CompressionState(codec="topk:density=0.01", warmup_steps=2, transport="gradzip",
+                             algorithm="allgather")
+    copy = pickle.loads(pickle.dumps(state))
+    assert (copy.codec.spec, copy.warmup_steps, copy.transport, copy.algorithm, copy.step) == (
+        state.codec.spec, 2, "gradzip", "allgather", 0)
+    assert copy.state_dict() == state.state_dict()
     with pytest.raises(RuntimeError, match="init_process_group"):
-        CompressionState()
+        copy._bind()  # what its first hook call does
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +41,7 @@ def group():
     ({"warmup_steps": -1}, "warmup_steps"),
     ({"warmup_steps": 1.5}, "warmup_steps"),
     ({"transport": "mpi"}, "unknown transport"),
-    ({"algorithm": "scatter_reduce"}, "needs transport='gradzip'"),
+    ({"algorithm": "ring"}, "unknown algorithm"),
     ({"communicator": object()}, "only with transport='gradzip'"),
 ])
 def test_bad_arguments_raise_value_error_with_a_reason(group, kwargs, match):
@@ -52,6 +59,11 @@ def test_defaults_and_state_dict_checks(group):
         CompressionState(codec="topk").load_state_dict(saved)
     with pytest.raises(ValueError, match="not a gradzip"):
         state.load_state_dict({})
+
+
+def test_a_state_with_an_explicit_group_does_not_pickle(group):
+    with pytest.raises(TypeError, match="process_group"):
+        pickle.dumps(CompressionState(process_group=dist.group.WORLD))
 
 
 def test_one_rank_training_works(group):

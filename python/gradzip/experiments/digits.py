@@ -9,7 +9,9 @@ is how the ranks exchange what they learned:
     torch-fp16               torch's fp16_compress_hook
     powersgd:rank=R          torch's PowerSGD hook (rank R, error feedback, warm start)
     <gradzip spec>           gradzip's hook, e.g. onebit, topk:density=0.01,ef=off
-    <gradzip spec>@gradzip   the same over gradzip's own communicator (transport="gradzip")
+    <gradzip spec>@gradzip   the same over gradzip's own transport (transport="gradzip")
+    <gradzip spec>/<algo>    with the hook's algorithm set (allgather, scatter_reduce);
+                             without it, the hook's "auto"
     <gradzip spec>@bmuf:h=H  no DDP: block momentum (gradzip.torch.BlockMomentum), the
                              model update sent compressed every H steps (_digits_bmuf.py)
 
@@ -171,7 +173,8 @@ def _setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
             return payload, ring * payload  # three ring allreduces: Ps, Qs, uncompressed tensors
     else:
         spec, _, transport = method.partition("@")
-        state = CompressionState(codec=spec, transport=transport or "torch")
+        spec, _, algorithm = spec.partition("/")
+        state = CompressionState(codec=spec, transport=transport or "torch", algorithm=algorithm or "auto")
         ddp.register_comm_hook(state, compression_hook)
 
         def bytes_per_step(steps: int) -> Tuple[float, float]:

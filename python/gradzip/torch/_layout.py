@@ -70,6 +70,32 @@ class Plan:
     def identity(self) -> bool:
         return len(self.parts) == 1 and self.parts[0][1] is None
 
+    def inputs(self, buffer: Any) -> List[Any]:
+        """Each segment's gradient: the bucket itself, or its parameters
+        gathered into scratch (kept in the plan, reused every step)."""
+        import torch
+
+        out = []
+        for j, (seg, runs) in enumerate(self.parts):
+            if runs is None:
+                out.append(buffer)
+                continue
+            key = f"scratch{j}"
+            x = self.cache.get(key)
+            if x is None or x.device != buffer.device:
+                x = self.cache[key] = torch.empty(seg.n, dtype=torch.float32, device=buffer.device)
+            for bo, so, m in runs:
+                x[so:so + m].copy_(buffer[bo:bo + m])
+            out.append(x)
+        return out
+
+    def scatter(self, inputs: List[Any], buffer: Any) -> None:
+        """Copies gathered segments (inputs() scratch) back into the bucket."""
+        for (_, runs), x in zip(self.parts, inputs):
+            if runs is not None:
+                for bo, so, m in runs:
+                    buffer[bo:bo + m].copy_(x[so:so + m])
+
 
 class LayoutMismatch(ValueError):
     """Restored state does not describe this model's parameters (or its DDP layout)."""
