@@ -49,7 +49,9 @@ void check_available(TransportKind kind) {
 // blind writers out, but not a stranger who can read the store (torch's
 // TCPStore has no authentication): only a token does that.
 std::string shared_job_key(Store& store, const std::string& prefix, int rank, Timeout timeout) {
-  const JobIdentity job = job_identity_from_env();
+  // Someone else's store (torch's): the warning about gradzip's own
+  // unauthenticated rendezvous does not apply.
+  const JobIdentity job = job_identity_from_env(/*warn_without_token=*/false);
   if (job.secret()) return job.mac_key();
   const std::string key = prefix + "/job-key";
   if (rank == 0) store.set(key, crypto::to_hex(crypto::random_bytes(32)));

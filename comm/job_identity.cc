@@ -37,7 +37,7 @@ JobIdentity job_identity_from_token(std::string token) {
   return j;
 }
 
-JobIdentity job_identity_from_env() {
+JobIdentity job_identity_from_env(bool warn_without_token) {
   if (std::string token = env("GRADZIP_JOB_TOKEN"); !token.empty()) return job_identity_from_token(std::move(token));
   JobIdentity j;
   j.source = "nothing";
@@ -56,6 +56,7 @@ JobIdentity job_identity_from_env() {
     j.source = "TORCHELASTIC_RUN_ID";
   }
   if (j.id.size() > 64) j.id = crypto::to_hex(crypto::as_bytes(crypto::sha256(j.id))).substr(0, 16);
+  if (!warn_without_token) return j;
   static std::once_flag warned;
   std::call_once(warned, [&] {
     std::fprintf(stderr,

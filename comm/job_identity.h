@@ -40,8 +40,9 @@ inline constexpr std::size_t kMinTokenBytes = 16;
 
 /// From GRADZIP_JOB_TOKEN, else the launcher's variables (see above). Throws
 /// InvalidArgument for a token shorter than kMinTokenBytes. Without a token it
-/// prints, once per process, that strangers are not kept out.
-JobIdentity job_identity_from_env();
+/// prints, once per process, that strangers are not kept out of gradzip's own
+/// store (unless told not to: a store gradzip does not host).
+JobIdentity job_identity_from_env(bool warn_without_token = true);
 
 /// The identity a token gives (tests, and the launcher's own checks).
 JobIdentity job_identity_from_token(std::string token);

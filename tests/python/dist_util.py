@@ -92,3 +92,30 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 180.0)
             if p.is_alive():
                 p.kill()
                 p.join(5)
+
+
+# torch's own teardown race (pytorch/pytorch#190489): a gloo worker thread that
+# still holds a Work captured during backward takes the GIL after Py_Finalize
+# began and aborts with this line, after the script has finished. The examples
+# narrow the window (they free DDP and collect before destroying the group); a
+# run that ends this way, with every rank's result printed, is run again.
+TORCH_EXIT_RACE = "terminate called without an active exception"
+
+
+def torchrun(script: Any, *args: str, ranks: int = 2, finished: Callable[[str], bool] = lambda out: True,
+             cwd: Any = None, timeout: float = 240.0) -> "subprocess.CompletedProcess[str]":
+    """Runs `script` under torchrun on `ranks` local ranks (retrying torch's
+    exit race only when `finished(stdout)` says every rank got through)."""
+    import os
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={ranks}",
+                            "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script), *args],
+                           capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        if r.returncode == 0 or not (finished(r.stdout) and TORCH_EXIT_RACE in r.stderr):
+            return r
+    return r
+

@@ -1,6 +1,5 @@
 """The installed package: stubs, import order, the README's DDP example."""
 
-import os
 import pathlib
 import re
 import subprocess
@@ -9,7 +8,7 @@ import sys
 import pytest
 
 import gradzip
-from dist_util import free_port
+from dist_util import torchrun
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp_hook.py"
@@ -45,31 +44,14 @@ def test_gradzip_and_torch_import_in_either_order(order):
     assert r.returncode == 0, r.stderr
 
 
-# torch's own teardown race (pytorch/pytorch#190489): a gloo worker thread that
-# still holds a Work captured during backward takes the GIL after Py_Finalize
-# began and aborts with this line, after the script has finished. The example
-# narrows the window (it frees DDP and collects before destroying the group);
-# a run that ends this way, with both ranks' results printed, is run again.
-TORCH_EXIT_RACE = "terminate called without an active exception"
-
-
-def _run_example():
-    port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-                           "--master-addr=127.0.0.1", f"--master-port={port}", str(EXAMPLE)],
-                          capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
-
-
 def test_readme_ddp_example_runs():
-    for attempt in range(3):
-        r = _run_example()
-        ratios = re.findall(r"rank (\d): ([0-9.]+)x fewer bytes per step", r.stdout)
-        finished = sorted(rank for rank, _ in ratios) == ["0", "1"]
-        if r.returncode == 0 or not (finished and TORCH_EXIT_RACE in r.stderr):
-            break
+    def finished(out: str) -> bool:
+        return sorted(re.findall(r"rank (\d): [0-9.]+x fewer bytes per step", out)) == ["0", "1"]
+
+    r = torchrun(EXAMPLE, finished=finished, cwd=ROOT, timeout=180)
+    ratios = re.findall(r"rank (\d): ([0-9.]+)x fewer bytes per step", r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert finished, r.stdout
+    assert finished(r.stdout), r.stdout
     assert all(float(x) > 20 for _, x in ratios), r.stdout
 
 
