@@ -184,6 +184,17 @@ def test_points_are_recorded_and_a_rerun_skips_them(fake_bin: Path, tmp_path: Pa
     assert len(_calls(tmp_path)) == 2  # nothing left to do
 
 
+def test_without_matplotlib_the_sweep_still_records_and_reports(fake_bin: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ModuleNotFoundError
+    out = tmp_path / "out"
+    assert _sweep(fake_bin, out) == 0
+    assert len(json.loads((out / "points.json").read_text())) == 8 and (out / "report.md").exists()
+    assert not list(out.glob("*.png"))
+    assert "matplotlib is not installed: no plots" in capsys.readouterr().err
+
+
 def test_an_interrupted_group_resumes_with_only_the_missing_codecs(fake_bin: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
