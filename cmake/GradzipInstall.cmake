@@ -34,3 +34,23 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/gradzipConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/gradzipConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/gradzipConfig.cmake ${PROJECT_BINARY_DIR}/gradzipConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gradzip)
+
+# The programs: gradzip-run (the launcher) and gradzip-bench, component
+# "programs". Into bin/ of a CMake install; into the wheel's scripts folder
+# when scikit-build-core builds the Python package (pyproject.toml installs
+# this component), which pip puts on PATH next to python (venv/bin), so that
+# gradzip-sweep and the user find the real executables there. The installed
+# copies are run from anywhere: their RUNPATH keeps the directories of the
+# libraries they link outside the system's (the CUDA runtime, NCCL, a UCX in
+# /opt), as the build tree's copies have them.
+if(DEFINED SKBUILD_SCRIPTS_DIR)
+  set(_gz_programs_dir ${SKBUILD_SCRIPTS_DIR})
+else()
+  set(_gz_programs_dir ${CMAKE_INSTALL_BINDIR})
+endif()
+foreach(t gradzip-run gradzip-bench)
+  if(TARGET ${t})
+    set_target_properties(${t} PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
+    install(TARGETS ${t} RUNTIME DESTINATION ${_gz_programs_dir} COMPONENT programs)
+  endif()
+endforeach()

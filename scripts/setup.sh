@@ -54,16 +54,12 @@ gz_build() {
 }
 
 # --- Python package (gradzip, gradzip.torch) ---------------------------------
-# The interpreter to test with: python3 itself when it already runs in a
-# virtual environment, else a venv in $GZ_BUILD_DIR/venv that sees the
-# interpreter's own packages (an installed torch is reused, not downloaded
-# again). Then the Python test dependencies where missing, and `pip install .`
-# of gradzip (the same CMake project through scikit-build-core; incremental
-# in $GZ_BUILD_DIR/python-wheel). Exports GZ_PYTHON.
+# The interpreter to test with (gz_python_env): python3 itself when it already
+# runs in a virtual environment, else a venv in $GZ_BUILD_DIR/venv that sees
+# the interpreter's own packages (an installed torch is reused, not downloaded
+# again), with the packages the package, its tests and the sweep need.
+# Exports GZ_PYTHON. Then gz_python builds and installs gradzip's wheel.
 #   GZ_BASE_PYTHON  interpreter to start from (default: python3)
-# The Python environment: python3 itself when it is already a venv, else
-# build/venv (seeing the system's packages, so an installed torch is reused),
-# with the packages the package, its tests and the sweep need.
 gz_python_env() {
   local base="${GZ_BASE_PYTHON:-python3}" venv="$GZ_BUILD_DIR/venv"
   if ! "$base" -c 'import ensurepip, os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' \
@@ -100,11 +96,21 @@ gz_python_env() {
   fi
 }
 
-# pip install . of the gradzip package into that environment.
+# The gradzip wheel, built into $GZ_BUILD_DIR/dist (what `pip install .` builds;
+# incremental in $GZ_BUILD_DIR/python-wheel), then installed into that
+# environment. The file stays for tests/python/test_wheel.py, which installs
+# the same wheel into a fresh venv. Exports GZ_WHEEL.
 gz_python() {
   [[ -n "${GZ_PYTHON:-}" ]] || gz_python_env
   gz_ccache
-  gz_log "pip install . (gradzip Python package)"
-  CMAKE_BUILD_PARALLEL_LEVEL="$GZ_JOBS" "$GZ_PYTHON" -m pip install -q --no-build-isolation --no-deps "$GZ_ROOT" \
-    -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="$GZ_WERROR"
+  gz_log "building the gradzip wheel (Python package, gradzip-run, gradzip-bench)"
+  local dist="$GZ_BUILD_DIR/dist"
+  rm -f "$dist"/gradzip-*.whl
+  CMAKE_BUILD_PARALLEL_LEVEL="$GZ_JOBS" "$GZ_PYTHON" -m pip wheel -q --no-build-isolation --no-deps -w "$dist" \
+    "$GZ_ROOT" -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="$GZ_WERROR"
+  local wheels=("$dist"/gradzip-*.whl)
+  GZ_WHEEL="${wheels[0]}"
+  export GZ_WHEEL
+  gz_log "pip install $GZ_WHEEL"
+  "$GZ_PYTHON" -m pip install -q --no-deps --force-reinstall "$GZ_WHEEL"
 }

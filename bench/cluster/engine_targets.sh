@@ -32,7 +32,7 @@ run() {  # name, then gradzip-run arguments
 }
 
 bench() { echo "$BIN/gradzip-bench --iters $ITERS --warmup 1 --timeout 600"; }
-gloo() { echo "$PY $ROOT/bench/gloo_allreduce.py --iters $ITERS --warmup 1 --timeout 600"; }
+gloo() { echo "$PY $ROOT/python/gradzip/baselines/gloo_allreduce.py --iters $ITERS --warmup 1 --timeout 600"; }
 
 # 1. two ranks
 run two-bench -n 2 --link 1gbit -- $(bench) --sizes 100000000 --codecs none,fp16,onebit,topk:density=0.01 \

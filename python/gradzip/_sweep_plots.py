@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -219,8 +220,15 @@ def _rate_key(link: str) -> float:
 
 
 def plot_all(records: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
-    """Writes every plot that has data; returns their paths."""
+    """Writes every plot that has data; returns their paths. Without matplotlib
+    (an optional dependency: gradzip[sweep]) none, and says so."""
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        print("sweep: matplotlib is not installed: no plots (pip install matplotlib, or gradzip[sweep]); the "
+              "tables are in report.md", file=sys.stderr)
+        return []
     made = [speedup_vs_size(records, folder / "speedup_vs_size.png"),
             error_vs_ratio(records, folder / "error_vs_ratio.png"),
             accuracy_vs_ratio(records, folder / "accuracy_vs_ratio.png")]

@@ -1,10 +1,16 @@
-"""The codec registry as the sweep sees it, and where the binaries are.
+"""The codec registry as the sweep sees it, and where its programs are.
 
 The registry is C++'s (compressors/registry.h): ``gradzip.codec_info()`` when
 the compiled extension is installed, else the same list from
 ``gradzip-bench --list-codecs``, the binary the sweep drives anyway (so the
 sweep also runs from a checkout whose extension is not built, as its own
 tests do).
+
+The programs (gradzip-run, gradzip-bench) are the ones that came with this
+gradzip: the installed wheel's (pip put them in its scripts folder, e.g.
+venv/bin, and its RECORD says where), or, for a checkout's python/gradzip,
+the checkout's build/bin. An explicit folder (--bin-dir, $GRADZIP_BIN_DIR)
+replaces both; PATH is the last resort.
 """
 
 from __future__ import annotations
@@ -17,17 +23,64 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-#: The repository root when running from a checkout (python/gradzip/ -> ../..).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = ("gradzip-run", "gradzip-bench")
+
+_HERE = Path(__file__).resolve()
+#: The checkout this module runs from (python/gradzip/ -> ../..), or None when it is installed.
+CHECKOUT: Path | None = _HERE.parents[2] if (_HERE.parents[2] / "CMakeLists.txt").is_file() and \
+    _HERE.parent == _HERE.parents[2] / "python" / "gradzip" else None
+
+
+@functools.lru_cache(maxsize=None)
+def installed_programs() -> dict[str, Path]:
+    """The programs the gradzip distribution installed, by name (from its RECORD).
+    The distribution that holds this very file, else (an editable install) the
+    first one on sys.path."""
+    from importlib import metadata
+
+    dists = list(metadata.distributions(name="gradzip"))
+
+    def holds_this_file(d: metadata.Distribution) -> bool:
+        return any(f.name == _HERE.name and Path(str(d.locate_file(f))).resolve() == _HERE for f in d.files or ())
+
+    dists.sort(key=lambda d: not holds_this_file(d))
+    if not dists:
+        return {}
+    return {f.name: Path(str(dists[0].locate_file(f))).resolve() for f in dists[0].files or ()
+            if f.name in PROGRAMS}
+
+
+def program_candidates(name: str, bin_dir: str | None = None) -> list[tuple[str, Path | None]]:
+    """Where `name` may be, in order: (the place, `name`'s path there or None).
+    An explicit folder (--bin-dir, else $GRADZIP_BIN_DIR) is the only place: a
+    program from elsewhere must not stand in for the one asked for. Otherwise
+    this checkout's build/bin (when this module runs from one), the programs
+    installed with this gradzip, then PATH."""
+    explicit = bin_dir or os.environ.get("GRADZIP_BIN_DIR")
+    if explicit:
+        return [(f"{'--bin-dir' if bin_dir else '$GRADZIP_BIN_DIR'} {explicit}", Path(explicit) / name)]
+    places: list[tuple[str, Path | None]] = []
+    if CHECKOUT is not None:
+        places.append(("this checkout's build/bin", CHECKOUT / "build" / "bin" / name))
+    places.append(("the programs installed with the gradzip package", installed_programs().get(name)))
+    on_path = shutil.which(name)
+    places.append(("PATH", Path(on_path) if on_path else None))
+    return places
+
+
+def find_program(name: str, bin_dir: str | None = None) -> tuple[str | None, list[str]]:
+    """(absolute path of `name` or None, the places looked in before: for the error)."""
+    looked = []
+    for where, path in program_candidates(name, bin_dir):
+        if path is not None and path.is_file() and os.access(path, os.X_OK):
+            return str(path.absolute()), looked
+        looked.append(f"{where} ({path})" if path is not None else where)
+    return None, looked
 
 
 def find_binary(name: str, bin_dir: str | None = None) -> str | None:
-    """`name` from bin_dir, $GRADZIP_BIN_DIR, ./build/bin, the checkout's
-    build/bin, or PATH, in that order (None when nowhere)."""
-    for d in (bin_dir, os.environ.get("GRADZIP_BIN_DIR"), "build/bin", str(REPO_ROOT / "build" / "bin")):
-        if d and os.access(os.path.join(d, name), os.X_OK):
-            return os.path.abspath(os.path.join(d, name))
-    return shutil.which(name)
+    """`name` as find_program finds it (None when nowhere)."""
+    return find_program(name, bin_dir)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,8 +91,8 @@ def registry() -> tuple[dict[str, Any], ...]:
     except ImportError:
         bench = find_binary("gradzip-bench")
         if bench is None:
-            raise RuntimeError("the codec registry needs gradzip's extension or gradzip-bench (build the "
-                               "project, or set GRADZIP_BIN_DIR)") from None
+            raise RuntimeError("the codec registry needs gradzip's extension or gradzip-bench (pip install "
+                               "gradzip, build the project, or set GRADZIP_BIN_DIR)") from None
         out = subprocess.run([bench, "--list-codecs"], check=True, capture_output=True, text=True, timeout=60)
         return tuple(json.loads(out.stdout))
     return tuple(codec_info())

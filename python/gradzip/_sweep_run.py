@@ -12,6 +12,7 @@ ranks and removes its namespaces), then SIGKILL after a grace period.
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import shlex
@@ -26,12 +27,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ._sweep_grid import LOCAL, Point, fp32_link_bound_s, link_rate_bps
-from ._sweep_registry import REPO_ROOT, find_binary
+from ._sweep_registry import CHECKOUT, PROGRAMS, find_program
 from ._sweep_results import Results
 
 
 class SweepError(RuntimeError):
     """A sweep that cannot run (missing binaries, no root for --link, ...)."""
+
+
+#: torch.distributed's gloo allreduce, shipped in the package; run by its path (see its docstring).
+GLOO_SCRIPT = Path(__file__).resolve().parent / "baselines" / "gloo_allreduce.py"
 
 
 @dataclass
@@ -40,7 +45,7 @@ class Tools:
 
     run: str                 # gradzip-run
     bench: str               # gradzip-bench
-    gloo_script: str | None  # bench/gloo_allreduce.py (None: gloo points are skipped)
+    gloo_script: str = str(GLOO_SCRIPT)
     python: str = sys.executable
     #: The digits experiment (the Python package's); it takes --ranks --methods
     #: --seeds --json [--epochs] and writes {"summary": [...]} (see _take_training).
@@ -48,22 +53,29 @@ class Tools:
 
 
 def find_tools(bin_dir: str | None, train_cmd: str | None = None) -> Tools:
-    """gradzip-run and gradzip-bench from --bin-dir, $GRADZIP_BIN_DIR, ./build/bin,
-    the checkout's build/bin, or PATH, in that order."""
+    """gradzip-run and gradzip-bench as _sweep_registry.find_program finds them
+    (--bin-dir or $GRADZIP_BIN_DIR alone, else those that came with this
+    gradzip, else PATH); a SweepError names each one missing and where it looked."""
     found: dict[str, str] = {}
-    for name in ("gradzip-run", "gradzip-bench"):
-        path = find_binary(name, bin_dir)
+    missing: list[str] = []
+    for name in PROGRAMS:
+        path, looked = find_program(name, bin_dir)
         if path is None:
-            raise SweepError(f"cannot find {name} (looked in --bin-dir, $GRADZIP_BIN_DIR, build/bin, "
-                             f"{REPO_ROOT / 'build' / 'bin'} and PATH): build the project (cmake --build build) "
-                             "or pass --bin-dir")
-        found[name] = path
-    gloo = None
-    for cand in (Path("bench/gloo_allreduce.py"), REPO_ROOT / "bench" / "gloo_allreduce.py"):
-        if cand.exists():
-            gloo = str(cand.resolve())
-            break
-    tools = Tools(found["gradzip-run"], found["gradzip-bench"], gloo)
+            missing.append(f"{name} (looked in: {'; '.join(looked)})")
+        else:
+            found[name] = path
+    if missing:
+        if bin_dir or os.environ.get("GRADZIP_BIN_DIR"):
+            hint = "point --bin-dir (or $GRADZIP_BIN_DIR) at a folder holding both"
+        elif CHECKOUT is not None:
+            hint = f"build this checkout (cmake --build {CHECKOUT / 'build'}), or pass --bin-dir DIR"
+        else:
+            hint = ("this gradzip was installed without them: reinstall it from the repository with pip install . "
+                    "(its wheel carries both), or pass --bin-dir DIR")
+        raise SweepError(f"cannot find {' or '.join(missing)}: {hint}")
+    if not GLOO_SCRIPT.is_file():
+        raise SweepError(f"this gradzip package is incomplete: {GLOO_SCRIPT} is missing (reinstall it)")
+    tools = Tools(found["gradzip-run"], found["gradzip-bench"])
     if train_cmd:
         tools.train_cmd = shlex.split(train_cmd)
     return tools
@@ -163,7 +175,6 @@ def plan_groups(points: Sequence[Point], tools: Tools, timing: Timing, tmp: str)
                 "--algorithm", p0.algorithm, "--iters", str(timing.iters), "--warmup", str(timing.warmup),
                 "--jsonl", g.rows_file]
         elif p0.mode == "gloo":
-            assert tools.gloo_script
             g.cmd = _launcher(tools, p0.ranks, p0.link, timing) + [
                 tools.python, tools.gloo_script, "--sizes", ",".join(str(p.elements) for p in g.points),
                 "--iters", str(timing.iters), "--warmup", str(timing.warmup), "--jsonl", g.rows_file]
@@ -351,8 +362,9 @@ def run_points(points: Sequence[Point], results: Results, tools: Tools, timing: 
                log_path: Path) -> list[str]:
     """Runs the points not yet in `results`; returns the failures (messages)."""
     todo = [p for p in points if not results.done(p.key)]
-    if any(p.mode == "gloo" for p in todo) and not tools.gloo_script:
-        print("sweep: bench/gloo_allreduce.py not found; skipping the gloo baseline", file=sys.stderr)
+    if any(p.mode == "gloo" for p in todo) and importlib.util.find_spec("torch") is None:
+        print(f"sweep: torch is not installed for {tools.python}: skipping the gloo baseline "
+              "(pip install torch; --no-gloo leaves it out)", file=sys.stderr)
         todo = [p for p in todo if p.mode != "gloo"]
     needs_root = any(p.link != LOCAL for p in todo)
     if needs_root and os.geteuid() != 0:

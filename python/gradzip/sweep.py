@@ -8,7 +8,9 @@ finishes, with plots and markdown tables.
     python -m gradzip.sweep --config ... --report-only      # tables and plots from what is recorded
 
 Every point runs under ``gradzip-run --link`` (root needed; ``--links local``
-for plain local ranks). Run the same command again after an interrupt:
+for plain local ranks). gradzip-run and gradzip-bench are the ones installed
+with this gradzip (``pip install .`` puts them next to gradzip-sweep), so the
+sweep runs from any directory; ``--bin-dir`` picks others. Run the same command again after an interrupt:
 points already in OUT/points.json are skipped. Results: OUT/points.json,
 OUT/points.csv, OUT/report.md, OUT/*.png, and OUT/sweep.log (subprocess output).
 """
@@ -104,7 +106,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--compute-ms", help="compute times per step for the scaling-efficiency model (default 100,300)")
     ap.add_argument("--overlap", type=float, help="fraction of compute the allreduce can hide behind (default 0)")
     ap.add_argument("--out", help="results folder (default sweep-out)")
-    ap.add_argument("--bin-dir", help="folder with gradzip-run and gradzip-bench (default: $GRADZIP_BIN_DIR, build/bin)")
+    ap.add_argument("--bin-dir", help="folder with the gradzip-run and gradzip-bench to use (default: "
+                                      "$GRADZIP_BIN_DIR, else those installed with this gradzip, or a checkout's "
+                                      "build/bin, else PATH)")
     ap.add_argument("--title", help="title of report.md")
     ap.add_argument("--fresh", action="store_true", help="forget the points recorded in --out and start over")
     ap.add_argument("--dry-run", action="store_true", help="list the points (and which are done), run nothing")

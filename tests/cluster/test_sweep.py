@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gradzip import _sweep_grid as grid
+from gradzip import _sweep_registry as registry
 from gradzip import _sweep_table as table
 from gradzip import sweep
 
@@ -183,6 +184,17 @@ def test_points_are_recorded_and_a_rerun_skips_them(fake_bin: Path, tmp_path: Pa
     assert len(_calls(tmp_path)) == 2  # nothing left to do
 
 
+def test_without_matplotlib_the_sweep_still_records_and_reports(fake_bin: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ModuleNotFoundError
+    out = tmp_path / "out"
+    assert _sweep(fake_bin, out) == 0
+    assert len(json.loads((out / "points.json").read_text())) == 8 and (out / "report.md").exists()
+    assert not list(out.glob("*.png"))
+    assert "matplotlib is not installed: no plots" in capsys.readouterr().err
+
+
 def test_an_interrupted_group_resumes_with_only_the_missing_codecs(fake_bin: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
@@ -211,6 +223,49 @@ def test_toml_config_and_flags(tmp_path: Path, fake_bin: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("codecz = 'none'\n")
     assert sweep.main(["--config", str(bad), "--out", str(out)]) == 2
+
+
+# --- where the programs come from ------------------------------------------------------------------
+
+def _programs(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for name in ("gradzip-run", "gradzip-bench"):
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def test_programs_come_from_this_gradzip_then_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checkout = tmp_path / "checkout"
+    _programs(checkout / "build" / "bin")
+    installed = _programs(tmp_path / "venv" / "bin")
+    on_path = _programs(tmp_path / "elsewhere")
+    monkeypatch.delenv("GRADZIP_BIN_DIR", raising=False)
+    monkeypatch.setenv("PATH", str(on_path))
+    monkeypatch.setattr(registry, "CHECKOUT", checkout)
+    monkeypatch.setattr(registry, "installed_programs", lambda: {"gradzip-bench": installed / "gradzip-bench"})
+    assert registry.find_binary("gradzip-bench") == str(checkout / "build" / "bin" / "gradzip-bench")
+    monkeypatch.setattr(registry, "CHECKOUT", None)  # an installed package: its own programs
+    assert registry.find_binary("gradzip-bench") == str(installed / "gradzip-bench")
+    assert registry.find_binary("gradzip-run") == str(on_path / "gradzip-run")  # not installed with it: PATH
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    path, looked = registry.find_program("gradzip-run")
+    assert path is None and looked == ["the programs installed with the gradzip package", "PATH"]
+    # An explicit folder wins, and nothing stands in for a program it lacks.
+    monkeypatch.setenv("GRADZIP_BIN_DIR", str(on_path))
+    assert registry.find_binary("gradzip-bench") == str(on_path / "gradzip-bench")
+    assert registry.find_binary("gradzip-bench", str(tmp_path / "empty")) is None
+
+
+def test_missing_programs_are_named_with_where_the_sweep_looked(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert sweep.main(["--bin-dir", str(empty), "--out", str(tmp_path / "o"), "--links", "local", "--no-gloo",
+                       "--codecs", "none", "--sizes", "1K"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot find gradzip-run (looked in: --bin-dir {empty} ({empty / 'gradzip-run'}))" in err, err
+    assert f"gradzip-bench (looked in: --bin-dir {empty} ({empty / 'gradzip-bench'}))" in err, err
 
 
 def test_emulated_links_need_root(fake_bin: Path, tmp_path: Path) -> None:

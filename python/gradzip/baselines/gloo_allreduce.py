@@ -3,10 +3,15 @@
 
 A speedup over gradzip's own fp32 allreduce only means something if that
 baseline is itself fast; this measures the allreduce most PyTorch CPU users
-have (gloo, ring) on the same ranks and links. Run it under a launcher:
+have (gloo, ring) on the same ranks and links. gradzip-sweep runs it for
+every (ranks, link); by hand, under a launcher:
 
-    build/bin/gradzip-run -n 4 --link 1gbit -- python3 bench/gloo_allreduce.py \\
+    gradzip-run -n 4 --link 1gbit -- python -m gradzip.baselines.gloo_allreduce \\
         --sizes 25600000,100000000 --iters 3 --json gloo.json
+
+It needs torch and nothing of gradzip: the sweep runs this file by its path,
+so it also runs from a checkout whose extension is not built (the file's own
+folder, first on sys.path then, holds nothing that shadows torch).
 
 Each rank's input is the constant rank + 1, so the sum P(P+1)/2 is exact in
 float32 and checked on every element. Times are the mean per call, max over
