@@ -5,28 +5,17 @@
 
 #include "comm/env.h"
 #include "common/error.h"
+#include "tests/comm/env_guard.h"
 
 namespace gz {
 namespace {
 
 class EnvTest : public ::testing::Test {
  protected:
-  static constexpr const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                          "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                          "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
-                                          "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-                                          "OMPI_COMM_WORLD_LOCAL_SIZE", "GRADZIP_TIMEOUT_S"};
-  void SetUp() override {
-    for (const char* v : kVars) {
-      if (const char* old = std::getenv(v)) saved_.emplace_back(v, old);
-      unsetenv(v);
-    }
-  }
-  void TearDown() override {
-    for (const char* v : kVars) unsetenv(v);
-    for (const auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
-  }
-  std::vector<std::pair<std::string, std::string>> saved_;
+  test::EnvGuard env_{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK",
+                      "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+                      "OMPI_COMM_WORLD_LOCAL_SIZE", "GRADZIP_TIMEOUT_S"};
 };
 
 TEST_F(EnvTest, TorchrunVariables) {

@@ -13,30 +13,20 @@
 #include "comm/store/hash_store.h"
 #include "comm/topology.h"
 #include "common/error.h"
+#include "tests/comm/env_guard.h"
 
 namespace gz {
 namespace {
 
 class NodeName : public ::testing::Test {
  protected:
-  static constexpr const char* kVars[] = {"GRADZIP_NODE", "GROUP_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                          "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
-  void SetUp() override {
-    for (const char* v : kVars) {
-      if (const char* old = std::getenv(v)) saved_.emplace_back(v, old);
-      unsetenv(v);
-    }
-  }
-  void TearDown() override {
-    for (const char* v : kVars) unsetenv(v);
-    for (const auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
-  }
+  test::EnvGuard env_{"GRADZIP_NODE", "GROUP_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                      "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
   static std::string host() {
     char h[256] = {};
     ::gethostname(h, sizeof h - 1);
     return h;
   }
-  std::vector<std::pair<std::string, std::string>> saved_;
 };
 
 TEST_F(NodeName, FollowsTheLaunchersInOrder) {
