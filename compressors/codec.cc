@@ -74,9 +74,9 @@ std::size_t Codec::encode(const void* grad, Dtype dtype, float* residual, std::s
     residual = nullptr;
   (void)scratch(ctx, workspace_bytes(n, ctx.device, dtype));  // the workspace it asked for, or a clear error
   GradRef g{grad, dtype};
-  if (dtype != Dtype::Float32 && !residual && n > 0) {  // no EF input to widen through: widen first
-    float* wide = wide_buffer(ctx, n);
-    kernels::with_elements(dtype, grad, [&](auto* typed) {
+  if (dtype != Dtype::Float32 && !residual) {  // no EF input to widen through: widen first
+    float* wide = n ? wide_buffer(ctx, n) : nullptr;
+    if (n) kernels::with_elements(dtype, grad, [&](auto* typed) {
 #if GZ_HAVE_CUDA
       if (ctx.device == Device::Cuda) return kernels::cuda::widen(typed, n, wide, ctx.stream);
 #endif
