@@ -76,12 +76,13 @@ std::size_t Codec::encode(const void* grad, Dtype dtype, float* residual, std::s
   GradRef g{grad, dtype};
   if (dtype != Dtype::Float32 && !residual) {  // no EF input to widen through: widen first
     float* wide = n ? wide_buffer(ctx, n) : nullptr;
-    if (n) kernels::with_elements(dtype, grad, [&](auto* typed) {
+    if (n)
+      kernels::with_elements(dtype, grad, [&](auto* typed) {
 #if GZ_HAVE_CUDA
-      if (ctx.device == Device::Cuda) return kernels::cuda::widen(typed, n, wide, ctx.stream);
+        if (ctx.device == Device::Cuda) return kernels::cuda::widen(typed, n, wide, ctx.stream);
 #endif
-      kernels::cpu::widen(typed, n, wide);
-    });
+        kernels::cpu::widen(typed, n, wide);
+      });
     g = GradRef{wide, Dtype::Float32};
   }
   if (ctx.device == Device::Cuda) return encode_cuda(g, residual, n, payload, ctx);
@@ -216,7 +217,8 @@ void Codec::decode_cuda_all(std::span<const PayloadRef> payloads, void* out, Dty
     if (size_ok(payloads[j]))
       decode_cuda(payloads[j].data, payloads[j].bytes, target, n, single ? *single : sum_mode(j, m, scale), c);
   if (wide)  // gated: a malformed payload leaves out unchanged
-    kernels::with_elements(dtype, out, [&](auto* o) { kernels::cuda::narrow(target, n, o, &c.status->code, ctx.stream); });
+    kernels::with_elements(dtype, out,
+                           [&](auto* o) { kernels::cuda::narrow(target, n, o, &c.status->code, ctx.stream); });
   if (synchronous) check_payload_status(c.status, ctx.stream);
 }
 #else

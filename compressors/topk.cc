@@ -84,8 +84,7 @@ class TopkCodec final : public Codec {
   }
 
 #if GZ_HAVE_CUDA
-  std::size_t encode_cuda(GradRef g, float* r, std::size_t n, std::byte* payload,
-                          const ExecContext& ctx) override {
+  std::size_t encode_cuda(GradRef g, float* r, std::size_t n, std::byte* payload, const ExecContext& ctx) override {
     GZ_ENFORCE_LE(n, kernels::TopkLayout::kMaxCount, "topk indexes elements with u32");
     const std::size_t k = topk_k(config(), n);
     const std::size_t ws_bytes = codec_workspace_bytes(n, Device::Cuda);

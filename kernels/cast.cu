@@ -13,7 +13,8 @@ using namespace detail;
 // ---- element types -------------------------------------------------------
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) widen_kernel(const T* __restrict__ in, std::size_t n, float* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    widen_kernel(const T* __restrict__ in, std::size_t n, float* __restrict__ out) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = to_float(in[i]);
 }
 
@@ -76,8 +77,8 @@ __global__ void __launch_bounds__(kThreads)
 // 8 elements per step: two float4 of g (and r), one 16-byte store of payload.
 template <class Fmt, bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    cast_encode_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n,
-                       std::uint16_t* __restrict__ out, Blob32 head, bool vec) {
+    cast_encode_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint16_t* __restrict__ out,
+                       Blob32 head, bool vec) {
   store_blob(head);
   std::size_t tail = 0;
   if (vec) {
@@ -200,10 +201,10 @@ void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, 
   GZ_LAUNCH_CHECK(cast_decode_kernel);
 }
 
-#define GZ_INSTANTIATE(G)                                                                                   \
-  template void widen(const G*, std::size_t, float*, Stream);                                                \
-  template void narrow(const float*, std::size_t, G*, const std::uint32_t*, Stream);                         \
-  template void copy_encode(const G*, float*, std::size_t, float*, const Blob32&, Stream);                  \
+#define GZ_INSTANTIATE(G)                                                                                      \
+  template void widen(const G*, std::size_t, float*, Stream);                                                  \
+  template void narrow(const float*, std::size_t, G*, const std::uint32_t*, Stream);                           \
+  template void copy_encode(const G*, float*, std::size_t, float*, const Blob32&, Stream);                     \
   template void cast_encode<HalfFormat>(const G*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream); \
   template void cast_encode<BFloat16Format>(const G*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
 GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)

@@ -143,7 +143,9 @@ void fp8_decode(const float* scales, const std::uint8_t* codes, std::size_t n, s
     decode_launch<Fp8E5M2>(scales, codes, n, block, out, c, gate, stream);
 }
 
-#define GZ_INSTANTIATE(G) template void fp8_encode(const G*, float*, std::size_t, std::uint32_t, std::uint32_t, float*, std::uint8_t*, const Blob32&, Stream);
+#define GZ_INSTANTIATE(G)                       \
+  template void fp8_encode(const G*, float*, std::size_t, std::uint32_t, \
+                std::uint32_t, float*, std::uint8_t*, const Blob32&, Stream);
 GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
 #undef GZ_INSTANTIATE
 

@@ -215,7 +215,9 @@ void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::s
   GZ_LAUNCH_CHECK(decode_kernel);
 }
 
-#define GZ_INSTANTIATE(G) template void onebit_encode(const G*, float*, std::size_t, std::uint32_t, OnebitScales*, std::uint32_t*, const Blob32&, Stream);
+#define GZ_INSTANTIATE(G)                       \
+  template void onebit_encode(const G*, float*, std::size_t, std::uint32_t, \
+                OnebitScales*, std::uint32_t*, const Blob32&, Stream);
 GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
 #undef GZ_INSTANTIATE
 

@@ -240,7 +240,9 @@ void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::size_
   GZ_LAUNCH_CHECK(decode_kernel);
 }
 
-#define GZ_INSTANTIATE(G) template void qsgd_encode(const G*, float*, std::size_t, std::uint32_t, std::uint32_t, const QsgdRounding&, QsgdScale*, std::uint32_t*, const Blob32&, Stream);
+#define GZ_INSTANTIATE(G)                       \
+  template void qsgd_encode(const G*, float*, std::size_t, std::uint32_t, std::uint32_t, \
+                const QsgdRounding&, QsgdScale*, std::uint32_t*, const Blob32&, Stream);
 GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
 #undef GZ_INSTANTIATE
 
