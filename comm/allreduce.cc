@@ -12,6 +12,11 @@
 #include "common/workspace.h"
 #include "compressors/payload_status.h"
 #include "compressors/wire_format.h"
+#include "kernels/cpu.h"
+#include "kernels/element.h"
+#if GZ_HAVE_CUDA
+#include "kernels/cuda.h"
+#endif
 
 namespace gz {
 
@@ -90,7 +95,8 @@ void Run::agree_and_bind() {
   const std::size_t segment = o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes;
   const std::string layout_of_nodes = algo == Algorithm::Hierarchical ? topo.describe() : "";
   const bool same = st.agreed_ && st.agreed_context_ == ws.id_ && st.agreed_->codec == cfg && st.agreed_->n == o.n &&
-                    st.agreed_->algorithm == algo && st.agreed_->op == o.op && st.agreed_->segment == segment &&
+                    st.agreed_->algorithm == algo && st.agreed_->op == o.op && st.agreed_->dtype == o.dtype &&
+                    st.agreed_->segment == segment &&
                     st.agreed_->topology == layout_of_nodes && st.device_ == o.device && st.layout_ && !st.pending_;
   if (same) return;  // the hot path: agreed before, nothing changed
 
@@ -101,7 +107,7 @@ void Run::agree_and_bind() {
     GZ_ENFORCE(o.store != nullptr, "allreduce over ", P, " ranks needs a Store to agree on the call");
     Fields fields = {{"codec", cfg.canonical()},
                      {"n", std::to_string(o.n)},
-                     {"dtype", "float32"},
+                     {"dtype", to_string(o.dtype)},
                      {"algorithm", to_string(algo)},
                      {"op", to_string(o.op)},
                      {"segment_bytes", std::to_string(segment)}};
@@ -110,7 +116,7 @@ void Run::agree_and_bind() {
     stats.agreed = true;
   }
   bind_state(std::move(layout));
-  st.agreed_ = AllreduceState::Agreed{cfg, o.n, algo, o.op, segment, layout_of_nodes};
+  st.agreed_ = AllreduceState::Agreed{cfg, o.n, algo, o.op, o.dtype, segment, layout_of_nodes};
   st.agreed_context_ = ws.id_;
 }
 
@@ -178,7 +184,14 @@ void Run::prepare_workspace() {
     ws.slots_.reset(slot_kind);
     ws.sum_.reset(memory_of(o.device));
     ws.codec_ws_.reset(memory_of(o.device));
+    ws.wide_.reset(memory_of(o.device));
     ws.status_.reset(memory_of(o.device));
+  }
+  if (o.dtype == Dtype::Float32) {
+    floats = static_cast<float*>(o.buffer);
+  } else {
+    ws.wide_.reserve(o.n * sizeof(float));
+    floats = o.n ? static_cast<float*>(ws.wide_.data()) : nullptr;
   }
   const auto [wire, local] = layout_bytes();
   ws.slots_.reserve(wire);
@@ -208,12 +221,33 @@ void Run::prepare_workspace() {
 
 void Run::execute() {
   Carve wire(ws.slots_.data(), ws.slots_.capacity()), local(ws.sum_.data(), ws.sum_.capacity());
+  const bool wide = o.dtype != Dtype::Float32 && o.n > 0;
+  if (wide) convert(/*to_float=*/true);
   if (algo == Algorithm::Hierarchical)
     hierarchical(wire, local);
   else
-    flat(algo, world(), o.buffer, worker_residual(0), server_residual(), o.n, scale(), wire, local);
+    flat(algo, world(), floats, worker_residual(0), server_residual(), o.n, scale(), wire, local);
   wire.check();
   local.check();
+  if (wide) convert(/*to_float=*/false);  // the float result, rounded once
+}
+
+void Run::convert(bool to_float) {
+  kernels::with_elements(o.dtype, o.buffer, [&](auto* b) {
+#if GZ_HAVE_CUDA
+    if (o.device == Device::Cuda) {
+      if (to_float)
+        kernels::cuda::widen(b, o.n, floats, o.stream);
+      else
+        kernels::cuda::narrow(floats, o.n, b, nullptr, o.stream);
+      return;
+    }
+#endif
+    if (to_float)
+      kernels::cpu::widen(b, o.n, floats);
+    else
+      kernels::cpu::narrow(floats, o.n, b);
+  });
 }
 
 }  // namespace detail

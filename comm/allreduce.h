@@ -28,6 +28,12 @@
 //     (segments on block boundaries) the result does not depend on the
 //     segment size either; top-k selects per segment (docs/comm.md).
 //   - In place: `buffer` is read, then overwritten with the result.
+//   - 16-bit buffers (dtype float16 / bfloat16): the call widens the buffer
+//     exactly into a float buffer of the workspace, runs on that (payloads,
+//     sums and the fp32 paths are float; codec none sends the widened
+//     floats), and rounds the result once into the buffer (to nearest even:
+//     Codec's rule, the same on every rank). The EF state stays float. The
+//     dtype is part of the agreement.
 //   - Memory: buffers are allocated on the first call (or when a larger call
 //     comes) and reused; see AllreduceWorkspace::bytes().
 //   - Device::Cuda: buffer, EF state and workspace are device memory; work is
@@ -183,6 +189,7 @@ class AllreduceState {
     std::uint64_t n = 0;
     Algorithm algorithm = Algorithm::Auto;
     ReduceOp op = ReduceOp::Sum;
+    Dtype dtype = Dtype::Float32;
     std::size_t segment = 0;
     std::string topology;
   };
@@ -205,7 +212,9 @@ class AllreduceWorkspace {
   std::size_t comm_bytes() const { return slots_.capacity() + sum_.capacity(); }
   /// The codec's own scratch.
   std::size_t codec_bytes() const { return codec_ws_.capacity() + status_.capacity(); }
-  std::size_t bytes() const { return comm_bytes() + codec_bytes(); }
+  /// The float copy of a 16-bit buffer (none for float buffers).
+  std::size_t wide_bytes() const { return wide_.capacity(); }
+  std::size_t bytes() const { return comm_bytes() + codec_bytes() + wide_bytes(); }
 
   /// The comm bytes a call needs: what comm_bytes() grows to (for reports and
   /// tests of the bound). For codec none on the CPU the payloads are the
@@ -219,6 +228,7 @@ class AllreduceWorkspace {
   Device device_ = Device::Cpu;
   MemoryKind slot_kind_ = MemoryKind::Host;
   Buffer slots_, sum_, codec_ws_;
+  Buffer wide_;    // a 16-bit call's buffer, widened to float
   Buffer status_;  // CUDA: the decodes' PayloadStatus (checked once per phase, not per decode)
   std::uint64_t id_;
   std::uint64_t agreements_ = 0;
@@ -242,8 +252,9 @@ struct AllreduceOptions {
   AllreduceWorkspace* workspace = nullptr;  ///< [in,out] required
   Codec* codec = nullptr;               ///< [in] required (not thread-safe: one call at a time)
   AllreduceState* state = nullptr;      ///< [in,out] required
-  float* buffer = nullptr;              ///< [in,out] n floats on `device` (null only when n == 0)
+  void* buffer = nullptr;               ///< [in,out] n elements of `dtype` on `device` (null only when n == 0)
   std::size_t n = 0;
+  Dtype dtype = Dtype::Float32;         ///< float32, float16 or bfloat16; the same on every rank
   ReduceOp op = ReduceOp::Sum;
   Algorithm algorithm = Algorithm::Auto;
   Device device = Device::Cpu;

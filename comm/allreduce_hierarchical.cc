@@ -46,7 +46,7 @@ void Run::hierarchical(Carve& wire_carve, Carve& local) {
   // none codec's payloads on a device.
   const std::size_t largest_shard = chunk_range(o.n, nodes_ranks.size(), 0).count;
   const Wire fp32 = fp32_wire(largest_shard);
-  float* shard_buf = o.buffer ? o.buffer + shard.offset : nullptr;
+  float* shard_buf = floats ? floats + shard.offset : nullptr;
 
   // The phases run one after another, each laying out its slots from the
   // start of the workspace; the call needs the largest of them.
@@ -58,14 +58,14 @@ void Run::hierarchical(Carve& wire_carve, Carve& local) {
     local_bytes = std::max(local_bytes, l.bytes());
   };
   phase([&](Carve& w, Carve& l) {
-    scatter_reduce(nodes_ranks, o.buffer, nullptr, nullptr, o.n, 1.0f, fp32, w, l, Half::ReduceOnly);
+    scatter_reduce(nodes_ranks, floats, nullptr, nullptr, o.n, 1.0f, fp32, w, l, Half::ReduceOnly);
   });
   if (raw) {  // fp32: the shards themselves go round the node
     phase([&](Carve& w, Carve& l) {
       flat(inner, column, shard_buf, worker_residual(0), server_residual(), shard.count, scale(), w, l);
     });
     phase([&](Carve& w, Carve& l) {
-      scatter_reduce(nodes_ranks, o.buffer, nullptr, nullptr, o.n, 1.0f, fp32, w, l, Half::GatherOnly);
+      scatter_reduce(nodes_ranks, floats, nullptr, nullptr, o.n, 1.0f, fp32, w, l, Half::GatherOnly);
     });
   } else {  // compressed: the payloads go round the node, and every rank decodes them
     phase([&](Carve& w, Carve& l) {
@@ -115,7 +115,7 @@ void Run::share_with_node(const Group& node, Algorithm inner, int N, const Slots
     if (exact && ws.received_[l] != blob_bytes(l))
       GZ_THROW(PayloadError, "rank ", node.ranks[l], " passed ", ws.received_[l], " bytes of payloads, expected ",
                blob_bytes(l), " (the ranks disagree on the call)");
-    decode_kept(inner, N, w, theirs[l], shard_of(l).count, o.buffer + shard_of(l).offset, scale());
+    decode_kept(inner, N, w, theirs[l], shard_of(l).count, floats + shard_of(l).offset, scale());
   }
   check_decodes();
 }

@@ -83,6 +83,7 @@ struct Run {
   Topology topo;           // o.topology or flat
   std::size_t seg = 0;     // elements per segment (the user codec's; phases may refine)
   bool raw = false;        // codec none on host buffers: no payloads
+  float* floats = nullptr;  // the float buffer the algorithms run on: o.buffer, or its widened copy
   CallContext call;           // the caller's buffers (synchronize)
   CallContext exchange_call;  // the payload slots the exchanges move
   ExecContext exec;
@@ -104,6 +105,8 @@ struct Run {
   void prepare_workspace();
   /// Runs the algorithm in the prepared workspace.
   void execute();
+  /// A 16-bit call: widens o.buffer into `floats`, or rounds them back into it.
+  void convert(bool to_float);
   /// The workspace bytes (slots, sums) this call lays out, from dry runs.
   std::pair<std::size_t, std::size_t> layout_bytes();
   void finish_stats(Clock::time_point start);

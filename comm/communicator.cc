@@ -144,7 +144,7 @@ Communicator::~Communicator() {
   }
 }
 
-void Communicator::allreduce(float* buffer, std::size_t n, Codec& codec, AllreduceState& state,
+void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
                              const AllreduceCall& call) {
   if (broken_) GZ_THROW(IoError, "communicator is broken by an earlier failure; build a new one");
   AllreduceOptions o;
@@ -155,6 +155,7 @@ void Communicator::allreduce(float* buffer, std::size_t n, Codec& codec, Allredu
   o.state = &state;
   o.buffer = buffer;
   o.n = n;
+  o.dtype = dtype;
   o.op = call.op;
   o.algorithm = call.algorithm;
   o.device = call.device;

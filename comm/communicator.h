@@ -94,7 +94,12 @@ class Communicator {
   /// @param[in,out] buffer  n floats on call.device
   /// @param[in]     codec   the same spec on every rank
   /// @param[in,out] state   error feedback of this buffer
-  void allreduce(float* buffer, std::size_t n, Codec& codec, AllreduceState& state, const AllreduceCall& call = {});
+  void allreduce(float* buffer, std::size_t n, Codec& codec, AllreduceState& state, const AllreduceCall& call = {}) {
+    allreduce(buffer, Dtype::Float32, n, codec, state, call);
+  }
+  /// The same on n elements of `dtype` (float16 and bfloat16 too; allreduce.h).
+  void allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
+                 const AllreduceCall& call = {});
 
   void barrier();
 

@@ -17,18 +17,19 @@ class CastCodec final : public Codec {
   using Codec::Codec;
 
  protected:
-  EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
-    kernels::cpu::cast_encode<Fmt>(g, r, n, reinterpret_cast<std::uint16_t*>(body));
+  EncodedBody encode_cpu(GradRef g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
+    visit(g, [&](auto* gp) { kernels::cpu::cast_encode<Fmt>(gp, r, n, reinterpret_cast<std::uint16_t*>(body)); });
     return {0, 2 * n};
   }
   void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
     kernels::cpu::cast_decode<Fmt>(reinterpret_cast<const std::uint16_t*>(p.body), begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
-  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
-                          const ExecContext& ctx) override {
-    kernels::cuda::cast_encode<Fmt>(g, r, n, reinterpret_cast<std::uint16_t*>(payload + wire::kHeaderBytes),
-                                    cuda_codec::header_blob(id(), 0, n, 2 * n, payload), ctx.stream);
+  std::size_t encode_cuda(GradRef g, float* r, std::size_t n, std::byte* payload, const ExecContext& ctx) override {
+    visit(g, [&](auto* gp) {
+      kernels::cuda::cast_encode<Fmt>(gp, r, n, reinterpret_cast<std::uint16_t*>(payload + wire::kHeaderBytes),
+                                      cuda_codec::header_blob(id(), 0, n, 2 * n, payload), ctx.stream);
+    });
     return wire::kHeaderBytes + 2 * n;
   }
   void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,

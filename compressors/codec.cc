@@ -2,15 +2,18 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "common/error.h"
 #include "common/workspace.h"
 #include "compressors/wire_format.h"
 #include "kernels/cpu.h"
+#include "kernels/element.h"
 
 #if GZ_HAVE_CUDA
 #include "common/cuda_check.h"
 #include "compressors/cuda_codec.h"
+#include "kernels/cuda.h"
 #endif
 
 namespace gz {
@@ -19,8 +22,29 @@ std::size_t Codec::max_payload_bytes(std::size_t n) const {
   return wire::kHeaderBytes + wire::body_bytes(id(), header_param(n), n);
 }
 
-std::size_t Codec::workspace_bytes(std::size_t, Device device) const {
+std::size_t Codec::codec_workspace_bytes(std::size_t, Device device) const {
   return device == Device::Cuda ? kCudaStatusBytes : 0;
+}
+
+namespace {
+
+std::size_t align_up(std::size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+}  // namespace
+
+std::size_t Codec::workspace_bytes(std::size_t n, Device device, Dtype dtype) const {
+  const std::size_t own = codec_workspace_bytes(n, device);
+  // A 16-bit call widens into a float buffer after the codec's scratch: every
+  // CUDA decode, and encodes without error feedback (the codecs read a 16-bit
+  // gradient only through an EF input).
+  const bool wide = dtype != Dtype::Float32 && (device == Device::Cuda || !error_feedback());
+  return wide ? align_up(own) + n * sizeof(float) : own;
+}
+
+float* Codec::wide_buffer(const ExecContext& ctx, std::size_t n) const {
+  auto* base = static_cast<std::byte*>(ctx.workspace);
+  (void)n;
+  return reinterpret_cast<float*>(base + align_up(codec_workspace_bytes(n, ctx.device)));
 }
 
 void* Codec::scratch(const ExecContext& ctx, std::size_t bytes) const {
@@ -35,7 +59,7 @@ void* Codec::scratch(const ExecContext& ctx, std::size_t bytes) const {
   return ctx.workspace;
 }
 
-std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std::byte* payload,
+std::size_t Codec::encode(const void* grad, Dtype dtype, float* residual, std::size_t n, std::byte* payload,
                           std::size_t capacity, const ExecContext& ctx) {
   const std::size_t need = max_payload_bytes(n);
   GZ_ENFORCE(n <= wire::kMaxCount, spec(), ": ", n, " elements is over the format's limit");
@@ -48,10 +72,22 @@ std::size_t Codec::encode(const float* grad, float* residual, std::size_t n, std
     GZ_ENFORCE(n == 0 || residual != nullptr, spec(), ": error feedback is on, so a residual buffer is required");
   else
     residual = nullptr;
-  (void)scratch(ctx, workspace_bytes(n, ctx.device));  // the workspace it asked for, or a clear error
-  if (ctx.device == Device::Cuda) return encode_cuda(grad, residual, n, payload, ctx);
+  (void)scratch(ctx, workspace_bytes(n, ctx.device, dtype));  // the workspace it asked for, or a clear error
+  GradRef g{grad, dtype};
+  if (dtype != Dtype::Float32 && !residual) {  // no EF input to widen through: widen first
+    float* wide = n ? wide_buffer(ctx, n) : nullptr;
+    if (n)
+      kernels::with_elements(dtype, grad, [&](auto* typed) {
+#if GZ_HAVE_CUDA
+        if (ctx.device == Device::Cuda) return kernels::cuda::widen(typed, n, wide, ctx.stream);
+#endif
+        kernels::cpu::widen(typed, n, wide);
+      });
+    g = GradRef{wide, Dtype::Float32};
+  }
+  if (ctx.device == Device::Cuda) return encode_cuda(g, residual, n, payload, ctx);
 
-  const EncodedBody body = encode_cpu(grad, residual, n, payload + wire::kHeaderBytes, ctx);
+  const EncodedBody body = encode_cpu(g, residual, n, payload + wire::kHeaderBytes, ctx);
   wire::Header h;
   h.codec = id();
   h.param = body.param;
@@ -94,39 +130,58 @@ PayloadView Codec::view_cpu(const std::byte* payload, std::size_t bytes, std::si
   return v;
 }
 
-void Codec::decode(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
+void Codec::decode(const std::byte* payload, std::size_t bytes, void* out, Dtype dtype, std::size_t n, Combine c,
                    const ExecContext& ctx) {
   GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
   const PayloadRef one{payload, bytes};
-  if (ctx.device == Device::Cuda) return decode_cuda_all(std::span(&one, 1), out, n, &c, 1.0f, ctx);
-  decode_cpu(view_cpu(payload, bytes, n), 0, n, out, c);
+  if (ctx.device == Device::Cuda) return decode_cuda_all(std::span(&one, 1), out, dtype, n, &c, 1.0f, ctx);
+  const PayloadView v = view_cpu(payload, bytes, n);
+  kernels::with_elements(dtype, out, [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    if constexpr (std::is_same_v<T, float>) {
+      decode_cpu(v, 0, n, o, c);
+    } else {  // combined in float tile by tile, rounded once
+      alignas(64) float tile[kSumTile];
+      for (std::size_t b = 0; b < n; b += kSumTile) {
+        const std::size_t e = std::min(n, b + kSumTile);
+        if (c.accumulate) kernels::cpu::widen(o + b, e - b, tile);
+        decode_cpu(v, b, e, tile, c);
+        kernels::cpu::narrow(tile, e - b, o + b);
+      }
+    }
+  });
 }
 
-void Codec::decode_sum(std::span<const PayloadRef> payloads, float* out, std::size_t n, float scale,
+void Codec::decode_sum(std::span<const PayloadRef> payloads, void* out, Dtype dtype, std::size_t n, float scale,
                        const ExecContext& ctx) {
   GZ_ENFORCE(n == 0 || out != nullptr, spec(), ": output pointer is null");
   if (payloads.empty()) return;
-  if (ctx.device == Device::Cuda) return decode_cuda_all(payloads, out, n, nullptr, scale, ctx);
+  if (ctx.device == Device::Cuda) return decode_cuda_all(payloads, out, dtype, n, nullptr, scale, ctx);
   const std::size_t m = payloads.size();
   for (const PayloadRef& p : payloads) (void)view_cpu(p.data, p.bytes, n);  // all checked, before out
   // Each tile of the sum is built in a buffer that stays in cache, then
   // streamed to out: out is written once and never read. The tile lives on
   // the stack and the views are read again per tile (the header only, O(1)),
   // so a Codec keeps no state between calls.
-  alignas(64) float tile[kSumTile];
-  for (std::size_t b = 0; b < n; b += kSumTile) {
-    const std::size_t e = std::min(n, b + kSumTile);
-    for (std::size_t j = 0; j < m; ++j) decode_cpu(header_view(payloads[j]), b, e, tile, sum_mode(j, m, scale));
-    kernels::cpu::stream_store(tile, e - b, out + b);
-  }
+  kernels::with_elements(dtype, out, [&](auto* o) {
+    alignas(64) float tile[kSumTile];
+    for (std::size_t b = 0; b < n; b += kSumTile) {
+      const std::size_t e = std::min(n, b + kSumTile);
+      for (std::size_t j = 0; j < m; ++j) decode_cpu(header_view(payloads[j]), b, e, tile, sum_mode(j, m, scale));
+      if constexpr (std::is_same_v<decltype(o), float*>)
+        kernels::cpu::stream_store(tile, e - b, o + b);
+      else
+        kernels::cpu::narrow(tile, e - b, o + b);  // the float sum, rounded once
+    }
+  });
 }
 
 #if GZ_HAVE_CUDA
 // Host checks first (what needs no device memory), then the header and body
 // checks of every payload on the device, then the codec's gated decode
 // kernels, then (without a caller's status word) the verdict.
-void Codec::decode_cuda_all(std::span<const PayloadRef> payloads, float* out, std::size_t n, const Combine* single,
-                            float scale, const ExecContext& ctx) {
+void Codec::decode_cuda_all(std::span<const PayloadRef> payloads, void* out, Dtype dtype, std::size_t n,
+                            const Combine* single, float scale, const ExecContext& ctx) {
   const bool fixed = fixed_size();
   const std::uint32_t param = header_param(n);
   for (const PayloadRef& p : payloads) {
@@ -136,7 +191,7 @@ void Codec::decode_cuda_all(std::span<const PayloadRef> payloads, float* out, st
     if (p.bytes < wire::kHeaderBytes)
       GZ_THROW(PayloadError, "payload truncated: ", p.bytes, " bytes, the header alone is ", wire::kHeaderBytes);
   }
-  (void)scratch(ctx, workspace_bytes(n, ctx.device));  // the workspace it asked for, or a clear error
+  (void)scratch(ctx, workspace_bytes(n, ctx.device, dtype));  // the workspace it asked for, or a clear error
   ExecContext c = ctx;
   const bool synchronous = ctx.status == nullptr;
   if (synchronous) {
@@ -150,19 +205,30 @@ void Codec::decode_cuda_all(std::span<const PayloadRef> payloads, float* out, st
     cuda_codec::validate_header(p.data, p.bytes, id(), n, fixed, param, size_ok(p), c.status, ctx.stream);
   for (const PayloadRef& p : payloads)
     if (size_ok(p)) check_body_cuda(p.data, p.bytes, n, c);
+  // A 16-bit output: the decodes combine into a float buffer (holding the
+  // output widened when a single decode accumulates), rounded once at the end.
+  const bool wide = dtype != Dtype::Float32;
+  float* target = wide ? wide_buffer(ctx, n) : static_cast<float*>(out);
+  if (wide && single && single->accumulate)
+    kernels::with_elements(dtype, static_cast<const void*>(out),
+                           [&](auto* o) { kernels::cuda::widen(o, n, target, ctx.stream); });
   const std::size_t m = payloads.size();
   for (std::size_t j = 0; j < m; ++j)
-    if (size_ok(payloads[j])) decode_cuda(payloads[j].data, payloads[j].bytes, out, n, single ? *single : sum_mode(j, m, scale), c);
+    if (size_ok(payloads[j]))
+      decode_cuda(payloads[j].data, payloads[j].bytes, target, n, single ? *single : sum_mode(j, m, scale), c);
+  if (wide)  // gated: a malformed payload leaves out unchanged
+    kernels::with_elements(dtype, out,
+                           [&](auto* o) { kernels::cuda::narrow(target, n, o, &c.status->code, ctx.stream); });
   if (synchronous) check_payload_status(c.status, ctx.stream);
 }
 #else
-void Codec::decode_cuda_all(std::span<const PayloadRef>, float*, std::size_t, const Combine*, float,
+void Codec::decode_cuda_all(std::span<const PayloadRef>, void*, Dtype, std::size_t, const Combine*, float,
                             const ExecContext&) {
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
 #endif
 
-std::size_t Codec::encode_cuda(const float*, float*, std::size_t, std::byte*, const ExecContext&) {
+std::size_t Codec::encode_cuda(GradRef, float*, std::size_t, std::byte*, const ExecContext&) {
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
 

@@ -14,6 +14,18 @@
 //   codec->decode_accumulate(payload.data(), bytes, out, n, ctx);   // out += decoded
 //   codec->decode_sum(payloads, out, n, 0.25f, ctx);                // out = (D(p0) + D(p1) + ...) / 4
 //
+// 16-bit gradients: the overloads with (void*, Dtype) take float32, float16
+// or bfloat16 buffers (common/dtype.h); the float* ones are Dtype::Float32.
+//   - encode widens each element exactly (v = float(grad) + residual), so the
+//     payload of a 16-bit gradient is the payload of its float widening, and
+//     the residual stays float. Without error feedback a 16-bit gradient is
+//     first widened into the workspace (workspace_bytes(n, device, dtype)).
+//   - decoding into a 16-bit output combines in float and rounds once to the
+//     output type (round to nearest even; out of range -> inf, as torch's
+//     .to()): out = round(combine(float(out), d, c)). decode_sum's sum of P
+//     payloads accumulates in float (a tile on the CPU, a workspace buffer on
+//     CUDA) and rounds once at the end. Same bits on the CPU and the GPU.
+//
 // Constraints:
 //   - encode: v = grad + residual; payload = Q(v); residual = v - D(payload).
 //     residual may be nullptr only when error feedback is off (spec "ef=off").
@@ -61,12 +73,15 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
+#include "common/dtype.h"
 #include "common/stream.h"
 #include "compressors/descriptor.h"
 #include "compressors/payload_status.h"
 #include "compressors/spec.h"
 #include "kernels/combine.h"
+#include "kernels/element.h"
 
 namespace gz {
 
@@ -102,6 +117,19 @@ struct PayloadRef {
 /// How a decode writes into its output: kernels/combine.h.
 using Combine = kernels::Combine;
 
+/// A gradient an encode reads: its elements and their type.
+struct GradRef {
+  const void* data = nullptr;
+  Dtype dtype = Dtype::Float32;
+};
+
+/// f(typed pointer) for the gradient's element type: a codec's encode calls
+/// its kernel template through this.
+template <class F>
+decltype(auto) visit(GradRef g, F&& f) {
+  return kernels::with_elements(g.dtype, g.data, std::forward<F>(f));
+}
+
 /// What a codec's encode wrote after the header.
 struct EncodedBody {
   std::uint32_t param;      ///< the header's param field
@@ -131,9 +159,11 @@ class Codec {
   /// Payload bytes (header included) for n elements: exact for a fixed-size
   /// codec, the upper bound otherwise.
   virtual std::size_t max_payload_bytes(std::size_t n) const;
-  /// Scratch bytes an encode of n elements needs on `device`; a decode needs
-  /// them on CUDA only (the status word), none on the CPU.
-  virtual std::size_t workspace_bytes(std::size_t n, Device device) const;
+  /// Scratch bytes a call on n elements of `dtype` needs on `device`: an
+  /// encode's scratch, on CUDA the status word of a decode, and for a 16-bit
+  /// dtype a float buffer of n where the call widens (CUDA decodes; encodes
+  /// without error feedback). None for a float decode on the CPU.
+  std::size_t workspace_bytes(std::size_t n, Device device, Dtype dtype = Dtype::Float32) const;
   /// CUDA workspaces start with this many bytes (the status word of a
   /// synchronous decode); a codec's own scratch follows.
   static constexpr std::size_t kCudaStatusBytes = 256;
@@ -144,17 +174,31 @@ class Codec {
   /// @param[out] payload    at least max_payload_bytes(n) bytes
   /// @return bytes written
   std::size_t encode(const float* grad, float* residual, std::size_t n, std::byte* payload, std::size_t capacity,
-                     const ExecContext& ctx = {});
+                     const ExecContext& ctx = {}) {
+    return encode(grad, Dtype::Float32, residual, n, payload, capacity, ctx);
+  }
+  /// The same for a gradient of n elements of `dtype` (residual: n floats).
+  std::size_t encode(const void* grad, Dtype dtype, float* residual, std::size_t n, std::byte* payload,
+                     std::size_t capacity, const ExecContext& ctx = {});
 
   /// out[0..n) += decoded payload. Validates first; throws PayloadError.
   void decode_accumulate(const std::byte* payload, std::size_t bytes, float* out, std::size_t n,
                          const ExecContext& ctx = {}) {
-    decode(payload, bytes, out, n, Combine{}, ctx);
+    decode(payload, bytes, out, Dtype::Float32, n, Combine{}, ctx);
+  }
+  void decode_accumulate(const std::byte* payload, std::size_t bytes, void* out, Dtype dtype, std::size_t n,
+                         const ExecContext& ctx = {}) {
+    decode(payload, bytes, out, dtype, n, Combine{}, ctx);
   }
 
   /// out[0..n) = combine(out, decoded payload, c) (kernels/combine.h).
   /// Validates first; throws PayloadError.
   void decode(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
+              const ExecContext& ctx = {}) {
+    decode(payload, bytes, out, Dtype::Float32, n, c, ctx);
+  }
+  /// The same into n elements of `dtype`.
+  void decode(const std::byte* payload, std::size_t bytes, void* out, Dtype dtype, std::size_t n, Combine c,
               const ExecContext& ctx = {});
 
   /// out[0..n) = (D(p[0]) + D(p[1]) + ... + D(p[m-1])) * scale: the first
@@ -164,12 +208,23 @@ class Codec {
   /// and never read; on CUDA it is one launch per payload. m == 0 leaves out as
   /// it is. Payloads must not overlap `out`.
   void decode_sum(std::span<const PayloadRef> payloads, float* out, std::size_t n, float scale = 1.0f,
+                  const ExecContext& ctx = {}) {
+    decode_sum(payloads, out, Dtype::Float32, n, scale, ctx);
+  }
+  /// The same into n elements of `dtype`: the sum is float, rounded once.
+  void decode_sum(std::span<const PayloadRef> payloads, void* out, Dtype dtype, std::size_t n, float scale = 1.0f,
                   const ExecContext& ctx = {});
 
  protected:
+  /// The codec's own scratch for an encode of n elements on `device` (the
+  /// default: none on the CPU, the status word on CUDA).
+  virtual std::size_t codec_workspace_bytes(std::size_t n, Device device) const;
+
   /// Codec-specific parts. The public calls have already checked pointers,
   /// capacity and EF (encode), or read and checked the header (decode).
-  virtual EncodedBody encode_cpu(const float* grad, float* residual, std::size_t n, std::byte* body,
+  /// An encode's grad is float, or 16-bit with a residual (never without:
+  /// the public call widens that case); decodes write float.
+  virtual EncodedBody encode_cpu(GradRef grad, float* residual, std::size_t n, std::byte* body,
                                  const ExecContext& ctx) = 0;
   /// Elements [begin, end) of a validated payload into out[0 .. end - begin),
   /// combined as `c` says.
@@ -180,7 +235,7 @@ class Codec {
   /// CUDA parts: payload, grad, residual and out are device pointers, work is
   /// queued on ctx.stream. The defaults throw (a build without CUDA).
   /// encode_cuda writes header and body, returns the payload bytes.
-  virtual std::size_t encode_cuda(const float* grad, float* residual, std::size_t n, std::byte* payload,
+  virtual std::size_t encode_cuda(GradRef grad, float* residual, std::size_t n, std::byte* payload,
                                   const ExecContext& ctx);
   /// decode_cuda is called after the header check was queued, with
   /// ctx.status set (never null); its kernels must do nothing unless
@@ -204,8 +259,10 @@ class Codec {
   PayloadView header_view(const PayloadRef& p) const;
   // Every payload decoded on the device: with `single`, the one payload in
   // that mode; else a sum (decode_sum's modes).
-  void decode_cuda_all(std::span<const PayloadRef> payloads, float* out, std::size_t n, const Combine* single,
-                       float scale, const ExecContext& ctx);
+  void decode_cuda_all(std::span<const PayloadRef> payloads, void* out, Dtype dtype, std::size_t n,
+                       const Combine* single, float scale, const ExecContext& ctx);
+  // The float buffer of n elements after the codec's scratch (workspace_bytes).
+  float* wide_buffer(const ExecContext& ctx, std::size_t n) const;
 
   CodecConfig config_;
   const CodecDescriptor& descriptor_;

@@ -25,10 +25,12 @@ class Fp8Codec final : public Codec {
   std::uint32_t header_param(std::size_t) const override { return kernels::fp8_param(exp_bits_, block_); }
 
  protected:
-  EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
+  EncodedBody encode_cpu(GradRef g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
     const std::uint32_t param = header_param(n);
-    kernels::cpu::fp8_encode(g, r, n, exp_bits_, block_, reinterpret_cast<float*>(body),
-                             reinterpret_cast<std::uint8_t*>(body + Fp8Layout::codes_offset(param, n)));
+    visit(g, [&](auto* gp) {
+      kernels::cpu::fp8_encode(gp, r, n, exp_bits_, block_, reinterpret_cast<float*>(body),
+                               reinterpret_cast<std::uint8_t*>(body + Fp8Layout::codes_offset(param, n)));
+    });
     return {param, Fp8Layout::body_bytes(param, n)};
   }
   void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
@@ -37,14 +39,15 @@ class Fp8Codec final : public Codec {
                              kernels::fp8_exp_bits(p.param), kernels::fp8_block(p.param), begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
-  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
-                          const ExecContext& ctx) override {
+  std::size_t encode_cuda(GradRef g, float* r, std::size_t n, std::byte* payload, const ExecContext& ctx) override {
     const std::uint32_t param = header_param(n);
     std::byte* body = payload + wire::kHeaderBytes;
     const std::uint64_t body_bytes = Fp8Layout::body_bytes(param, n);
-    kernels::cuda::fp8_encode(g, r, n, exp_bits_, block_, reinterpret_cast<float*>(body),
-                              reinterpret_cast<std::uint8_t*>(body + Fp8Layout::codes_offset(param, n)),
-                              cuda_codec::header_blob(id(), param, n, body_bytes, payload), ctx.stream);
+    visit(g, [&](auto* gp) {
+      kernels::cuda::fp8_encode(gp, r, n, exp_bits_, block_, reinterpret_cast<float*>(body),
+                                reinterpret_cast<std::uint8_t*>(body + Fp8Layout::codes_offset(param, n)),
+                                cuda_codec::header_blob(id(), param, n, body_bytes, payload), ctx.stream);
+    });
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's format and block.

@@ -15,18 +15,19 @@ class NoneCodec final : public Codec {
   using Codec::Codec;
 
  protected:
-  EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
-    kernels::cpu::copy_encode(g, r, n, reinterpret_cast<float*>(body));
+  EncodedBody encode_cpu(GradRef g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
+    visit(g, [&](auto* gp) { kernels::cpu::copy_encode(gp, r, n, reinterpret_cast<float*>(body)); });
     return {0, 4 * n};
   }
   void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
     kernels::cpu::copy_decode(reinterpret_cast<const float*>(p.body), begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
-  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
-                          const ExecContext& ctx) override {
-    kernels::cuda::copy_encode(g, r, n, reinterpret_cast<float*>(payload + wire::kHeaderBytes),
-                               cuda_codec::header_blob(id(), 0, n, 4 * n, payload), ctx.stream);
+  std::size_t encode_cuda(GradRef g, float* r, std::size_t n, std::byte* payload, const ExecContext& ctx) override {
+    visit(g, [&](auto* gp) {
+      kernels::cuda::copy_encode(gp, r, n, reinterpret_cast<float*>(payload + wire::kHeaderBytes),
+                                 cuda_codec::header_blob(id(), 0, n, 4 * n, payload), ctx.stream);
+    });
     return wire::kHeaderBytes + 4 * n;
   }
   void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,

@@ -19,10 +19,10 @@ class OnebitCodec final : public Codec {
   std::uint32_t header_param(std::size_t) const override { return block_; }
 
  protected:
-  EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
+  EncodedBody encode_cpu(GradRef g, float* r, std::size_t n, std::byte* body, const ExecContext&) override {
     auto* scales = reinterpret_cast<OnebitScales*>(body);
     auto* bits = reinterpret_cast<std::uint32_t*>(body + OnebitLayout::words_offset(block_, n));
-    kernels::cpu::onebit_encode(g, r, n, block_, scales, bits);
+    visit(g, [&](auto* gp) { kernels::cpu::onebit_encode(gp, r, n, block_, scales, bits); });
     return {block_, OnebitLayout::body_bytes(block_, n)};
   }
   void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
@@ -31,13 +31,14 @@ class OnebitCodec final : public Codec {
     kernels::cpu::onebit_decode(scales, bits, p.param, begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
-  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
-                          const ExecContext& ctx) override {
+  std::size_t encode_cuda(GradRef g, float* r, std::size_t n, std::byte* payload, const ExecContext& ctx) override {
     std::byte* body = payload + wire::kHeaderBytes;
     const std::uint64_t body_bytes = OnebitLayout::body_bytes(block_, n);
-    kernels::cuda::onebit_encode(g, r, n, block_, reinterpret_cast<OnebitScales*>(body),
-                                 reinterpret_cast<std::uint32_t*>(body + OnebitLayout::words_offset(block_, n)),
-                                 cuda_codec::header_blob(id(), block_, n, body_bytes, payload), ctx.stream);
+    visit(g, [&](auto* gp) {
+      kernels::cuda::onebit_encode(gp, r, n, block_, reinterpret_cast<OnebitScales*>(body),
+                                   reinterpret_cast<std::uint32_t*>(body + OnebitLayout::words_offset(block_, n)),
+                                   cuda_codec::header_blob(id(), block_, n, body_bytes, payload), ctx.stream);
+    });
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's block.

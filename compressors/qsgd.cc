@@ -33,10 +33,12 @@ class QsgdCodec final : public Codec {
  protected:
   kernels::QsgdRounding rounding(const ExecContext& ctx) const { return {stochastic_, seed_, ctx.step}; }
 
-  EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext& ctx) override {
+  EncodedBody encode_cpu(GradRef g, float* r, std::size_t n, std::byte* body, const ExecContext& ctx) override {
     const std::uint32_t param = header_param(n);
-    kernels::cpu::qsgd_encode(g, r, n, bits_, bucket_, rounding(ctx), reinterpret_cast<QsgdScale*>(body),
-                              reinterpret_cast<std::uint32_t*>(body + QsgdLayout::words_offset(param, n)));
+    visit(g, [&](auto* gp) {
+      kernels::cpu::qsgd_encode(gp, r, n, bits_, bucket_, rounding(ctx), reinterpret_cast<QsgdScale*>(body),
+                                reinterpret_cast<std::uint32_t*>(body + QsgdLayout::words_offset(param, n)));
+    });
     return {param, QsgdLayout::body_bytes(param, n)};
   }
   void decode_cpu(const PayloadView& p, std::size_t begin, std::size_t end, float* out, Combine c) override {
@@ -46,14 +48,15 @@ class QsgdCodec final : public Codec {
         kernels::qsgd_bits(p.param), kernels::qsgd_bucket(p.param), begin, end, out, c);
   }
 #if GZ_HAVE_CUDA
-  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
-                          const ExecContext& ctx) override {
+  std::size_t encode_cuda(GradRef g, float* r, std::size_t n, std::byte* payload, const ExecContext& ctx) override {
     const std::uint32_t param = header_param(n);
     std::byte* body = payload + wire::kHeaderBytes;
     const std::uint64_t body_bytes = QsgdLayout::body_bytes(param, n);
-    kernels::cuda::qsgd_encode(g, r, n, bits_, bucket_, rounding(ctx), reinterpret_cast<QsgdScale*>(body),
-                               reinterpret_cast<std::uint32_t*>(body + QsgdLayout::words_offset(param, n)),
-                               cuda_codec::header_blob(id(), param, n, body_bytes, payload), ctx.stream);
+    visit(g, [&](auto* gp) {
+      kernels::cuda::qsgd_encode(gp, r, n, bits_, bucket_, rounding(ctx), reinterpret_cast<QsgdScale*>(body),
+                                 reinterpret_cast<std::uint32_t*>(body + QsgdLayout::words_offset(param, n)),
+                                 cuda_codec::header_blob(id(), param, n, body_bytes, payload), ctx.stream);
+    });
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's bits and bucket.

@@ -35,17 +35,18 @@ class TopkCodec final : public Codec {
     return wire::kHeaderBytes + kernels::TopkLayout::body_bytes(static_cast<std::uint32_t>(max_entries(n)), n);
   }
 
-  std::size_t workspace_bytes(std::size_t n, Device device) const override {
+  std::size_t codec_workspace_bytes(std::size_t n, Device device) const override {
     std::size_t bytes = 0;
+    const float* no_grad = nullptr;
     if (device == Device::Cpu) {
-      kernels::cpu::topk_encode(nullptr, bytes, nullptr, nullptr, n, topk_k(config(), n), nullptr, nullptr);
+      kernels::cpu::topk_encode(nullptr, bytes, no_grad, nullptr, n, topk_k(config(), n), nullptr, nullptr);
       return bytes;
     }
 #if GZ_HAVE_CUDA
-    kernels::cuda::topk_encode(nullptr, bytes, nullptr, nullptr, n, topk_k(config(), n), sampled(), nullptr, {},
+    kernels::cuda::topk_encode(nullptr, bytes, no_grad, nullptr, n, topk_k(config(), n), sampled(), nullptr, {},
                                nullptr, nullptr);
 #endif
-    return Codec::workspace_bytes(n, device) + bytes;  // status slot, then the top-k scratch
+    return Codec::codec_workspace_bytes(n, device) + bytes;  // status slot, then the top-k scratch
   }
 
  protected:
@@ -57,15 +58,17 @@ class TopkCodec final : public Codec {
     return sampled() ? std::min(n, kernels::cpu::topk_sampled_max(k)) : k;
   }
 
-  EncodedBody encode_cpu(const float* g, float* r, std::size_t n, std::byte* body, const ExecContext& ctx) override {
+  EncodedBody encode_cpu(GradRef g, float* r, std::size_t n, std::byte* body, const ExecContext& ctx) override {
     GZ_ENFORCE_LE(n, kernels::TopkLayout::kMaxCount, "topk indexes elements with u32");
     const std::size_t k = topk_k(config(), n), cap = max_entries(n);
-    std::size_t ws_bytes = workspace_bytes(n, Device::Cpu);
+    std::size_t ws_bytes = codec_workspace_bytes(n, Device::Cpu);
     void* ws = scratch(ctx, ws_bytes);
     auto* idx = reinterpret_cast<std::uint32_t*>(body);
     auto* val = reinterpret_cast<float*>(body + 4 * cap);
-    const std::size_t count = sampled() ? kernels::cpu::topk_encode_sampled(ws, ws_bytes, g, r, n, k, idx, val)
-                                        : kernels::cpu::topk_encode(ws, ws_bytes, g, r, n, k, idx, val);
+    const std::size_t count = visit(g, [&](auto* gp) {
+      return sampled() ? kernels::cpu::topk_encode_sampled(ws, ws_bytes, gp, r, n, k, idx, val)
+                       : kernels::cpu::topk_encode(ws, ws_bytes, gp, r, n, k, idx, val);
+    });
     if (count != cap) std::memmove(body + 4 * count, val, count * sizeof(float));
     return {static_cast<std::uint32_t>(count), 8 * count};
   }
@@ -81,23 +84,25 @@ class TopkCodec final : public Codec {
   }
 
 #if GZ_HAVE_CUDA
-  std::size_t encode_cuda(const float* g, float* r, std::size_t n, std::byte* payload,
-                          const ExecContext& ctx) override {
+  std::size_t encode_cuda(GradRef g, float* r, std::size_t n, std::byte* payload, const ExecContext& ctx) override {
     GZ_ENFORCE_LE(n, kernels::TopkLayout::kMaxCount, "topk indexes elements with u32");
     const std::size_t k = topk_k(config(), n);
-    const std::size_t ws_bytes = workspace_bytes(n, Device::Cuda);
+    const std::size_t ws_bytes = codec_workspace_bytes(n, Device::Cuda);
     std::byte* ws = static_cast<std::byte*>(scratch(ctx, ws_bytes)) + kCudaStatusBytes;
     std::size_t topk_bytes = ws_bytes - kCudaStatusBytes;
     auto* body = reinterpret_cast<std::uint32_t*>(payload + wire::kHeaderBytes);
     if (!sampled()) {  // k entries: the header is known now and goes out with them
-      kernels::cuda::topk_encode(ws, topk_bytes, g, r, n, k, false, body,
-                                 cuda_codec::header_blob(id(), static_cast<std::uint32_t>(k), n, 8 * k, payload),
-                                 nullptr, ctx.stream);
+      const auto head = cuda_codec::header_blob(id(), static_cast<std::uint32_t>(k), n, 8 * k, payload);
+      visit(g, [&](auto* gp) {
+        kernels::cuda::topk_encode(ws, topk_bytes, gp, r, n, k, false, body, head, nullptr, ctx.stream);
+      });
       return wire::kHeaderBytes + 8 * k;
     }
     // select=sample: the count is decided on the device; read it back (synchronizes).
     const std::uint32_t* d_count = nullptr;
-    kernels::cuda::topk_encode(ws, topk_bytes, g, r, n, k, true, body, {}, &d_count, ctx.stream);
+    visit(g, [&](auto* gp) {
+      kernels::cuda::topk_encode(ws, topk_bytes, gp, r, n, k, true, body, {}, &d_count, ctx.stream);
+    });
     const std::uint32_t count = kernels::cuda::fetch_word(d_count, ctx.stream);
     GZ_CHECK_AS(CudaError, count <= max_entries(n), "topk: device reported ", count, " entries, more than ",
                 max_entries(n));

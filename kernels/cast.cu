@@ -10,11 +10,26 @@ namespace {
 
 using namespace detail;
 
+// ---- element types -------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    widen_kernel(const T* __restrict__ in, std::size_t n, float* __restrict__ out) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = to_float(in[i]);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    narrow_kernel(const float* __restrict__ in, std::size_t n, T* __restrict__ out, const std::uint32_t* gate) {
+  if (gate_closed(gate)) return;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = from_float<T>(in[i]);
+}
+
 // ---- none ----------------------------------------------------------------
 
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    copy_encode_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, float* __restrict__ out,
+    copy_encode_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, float* __restrict__ out,
                        Blob32 head, bool vec) {
   store_blob(head);
   std::size_t tail = 0;
@@ -33,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
     tail = units * 4;
   }
   for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) {
-    const float v = kEf ? g[i] + r[i] : g[i];
+    const float v = ef_input<kEf>(g, r, i);
     out[i] = v;
     if constexpr (kEf) r[i] = ef_residual(v, v);
   }
@@ -60,10 +75,10 @@ __global__ void __launch_bounds__(kThreads)
 // ---- fp16 / bf16 ------------------------------------------------------------
 
 // 8 elements per step: two float4 of g (and r), one 16-byte store of payload.
-template <class Fmt, bool kEf>
+template <class Fmt, bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    cast_encode_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n,
-                       std::uint16_t* __restrict__ out, Blob32 head, bool vec) {
+    cast_encode_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint16_t* __restrict__ out,
+                       Blob32 head, bool vec) {
   store_blob(head);
   std::size_t tail = 0;
   if (vec) {
@@ -96,7 +111,7 @@ __global__ void __launch_bounds__(kThreads)
     tail = units * 8;
   }
   for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) {
-    const float v = kEf ? g[i] + r[i] : g[i];
+    const float v = ef_input<kEf>(g, r, i);
     const std::uint16_t h = Fmt::encode(v);
     out[i] = h;
     if constexpr (kEf) r[i] = ef_residual(v, Fmt::decode(h));
@@ -132,9 +147,24 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void copy_encode(const float* g, float* r, std::size_t n, float* out, const Blob32& head, Stream stream) {
+template <class T>
+void widen(const T* in, std::size_t n, float* out, Stream stream) {
+  if (n == 0) return;
+  widen_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, n, out);
+  GZ_LAUNCH_CHECK(widen_kernel);
+}
+
+template <class T>
+void narrow(const float* in, std::size_t n, T* out, const std::uint32_t* gate, Stream stream) {
+  if (n == 0) return;
+  narrow_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, n, out, gate);
+  GZ_LAUNCH_CHECK(narrow_kernel);
+}
+
+template <class G>
+void copy_encode(const G* g, float* r, std::size_t n, float* out, const Blob32& head, Stream stream) {
   if (n == 0 && !head.dst) return;
-  const bool vec = aligned16(g) && aligned16(out) && (!r || aligned16(r));
+  const bool vec = vec_gradient(g) && aligned16(out) && (!r || aligned16(r));
   const unsigned grid = grid_for(vec ? n / 4 + 4 : n);
   if (r)
     copy_encode_kernel<true><<<grid, kThreads, 0, stream>>>(g, r, n, out, head, vec);
@@ -150,10 +180,10 @@ void copy_decode(const float* in, std::size_t n, float* out, Combine c, const st
   GZ_LAUNCH_CHECK(copy_decode_kernel);
 }
 
-template <class Fmt>
-void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out, const Blob32& head, Stream stream) {
+template <class Fmt, class G>
+void cast_encode(const G* g, float* r, std::size_t n, std::uint16_t* out, const Blob32& head, Stream stream) {
   if (n == 0 && !head.dst) return;
-  const bool vec = aligned16(g) && aligned16(out) && (!r || aligned16(r));
+  const bool vec = vec_gradient(g) && aligned16(out) && (!r || aligned16(r));
   const unsigned grid = grid_for(vec ? n / 8 + 8 : n);
   if (r)
     cast_encode_kernel<Fmt, true><<<grid, kThreads, 0, stream>>>(g, r, n, out, head, vec);
@@ -171,8 +201,14 @@ void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, 
   GZ_LAUNCH_CHECK(cast_decode_kernel);
 }
 
-template void cast_encode<HalfFormat>(const float*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
-template void cast_encode<BFloat16Format>(const float*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
+#define GZ_INSTANTIATE(G)                                                                                      \
+  template void widen(const G*, std::size_t, float*, Stream);                                                  \
+  template void narrow(const float*, std::size_t, G*, const std::uint32_t*, Stream);                           \
+  template void copy_encode(const G*, float*, std::size_t, float*, const Blob32&, Stream);                     \
+  template void cast_encode<HalfFormat>(const G*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream); \
+  template void cast_encode<BFloat16Format>(const G*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 template void cast_decode<HalfFormat>(const std::uint16_t*, std::size_t, float*, Combine, const std::uint32_t*,
                                       Stream);
 template void cast_decode<BFloat16Format>(const std::uint16_t*, std::size_t, float*, Combine, const std::uint32_t*,

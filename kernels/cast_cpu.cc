@@ -22,13 +22,18 @@
 
 namespace gz::kernels::cpu {
 
-void copy_encode(const float* g, float* r, std::size_t n, float* out) {
+template <class G>
+void copy_encode(const G* g, float* r, std::size_t n, float* out) {
   if (!r) {
-    if (n) std::memcpy(out, g, n * sizeof(float));  // g may be null when n == 0
+    if constexpr (std::is_same_v<G, float>) {
+      if (n) std::memcpy(out, g, n * sizeof(float));  // g may be null when n == 0
+    } else {
+      for (std::size_t i = 0; i < n; ++i) out[i] = to_float(g[i]);
+    }
     return;
   }
   for (std::size_t i = 0; i < n; ++i) {
-    const float v = g[i] + r[i];
+    const float v = detail::input<true>(g, r, i);
     out[i] = v;
     r[i] = ef_residual(v, v);  // 0, or dropped when v is not finite
   }
@@ -71,10 +76,10 @@ namespace {
 
 using namespace detail;
 
-template <class Fmt, bool kEf>
-void encode_portable(const float* g, float* r, std::size_t begin, std::size_t end, std::uint16_t* out) {
+template <class Fmt, bool kEf, class G>
+void encode_portable(const G* g, float* r, std::size_t begin, std::size_t end, std::uint16_t* out) {
   for (std::size_t i = begin; i < end; ++i) {
-    const float v = kEf ? g[i] + r[i] : g[i];
+    const float v = input<kEf>(g, r, i);
     const std::uint16_t h = Fmt::encode(v);
     out[i] = h;
     if constexpr (kEf) r[i] = ef_residual(v, Fmt::decode(h));
@@ -131,8 +136,8 @@ struct Lanes8<BFloat16Format> {
   static __m256 decode(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
 };
 
-template <class Fmt, bool kEf>
-void encode_avx2(const float* g, float* r, std::size_t n, std::uint16_t* out) {
+template <class Fmt, bool kEf, class G>
+void encode_avx2(const G* g, float* r, std::size_t n, std::uint16_t* out) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __builtin_prefetch(g + i + kPrefetchAhead);
@@ -167,8 +172,8 @@ void decode_avx2(const std::uint16_t* in, std::size_t begin, std::size_t end, fl
 
 }  // namespace
 
-template <class Fmt>
-void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out) {
+template <class Fmt, class G>
+void cast_encode(const G* g, float* r, std::size_t n, std::uint16_t* out) {
 #if GZ_CPU_AVX2
   if constexpr (Lanes8<Fmt>::available) {
     if (r)
@@ -199,8 +204,28 @@ void cast_decode(const std::uint16_t* in, std::size_t begin, std::size_t end, fl
   });
 }
 
-template void cast_encode<HalfFormat>(const float*, float*, std::size_t, std::uint16_t*);
-template void cast_encode<BFloat16Format>(const float*, float*, std::size_t, std::uint16_t*);
+template <class T>
+void widen(const T* in, std::size_t n, float* out) {
+  std::size_t i = 0;
+#if GZ_CPU_AVX2
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, detail::load8(in + i));
+#endif
+  for (; i < n; ++i) out[i] = to_float(in[i]);
+}
+
+template <class T>
+void narrow(const float* in, std::size_t n, T* out) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = from_float<T>(in[i]);
+}
+
+#define GZ_INSTANTIATE(G)                                                             \
+  template void widen(const G*, std::size_t, float*);                                 \
+  template void narrow(const float*, std::size_t, G*);                                \
+  template void copy_encode(const G*, float*, std::size_t, float*);                   \
+  template void cast_encode<HalfFormat>(const G*, float*, std::size_t, std::uint16_t*); \
+  template void cast_encode<BFloat16Format>(const G*, float*, std::size_t, std::uint16_t*);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 template void cast_decode<HalfFormat>(const std::uint16_t*, std::size_t, std::size_t, float*, Combine);
 template void cast_decode<BFloat16Format>(const std::uint16_t*, std::size_t, std::size_t, float*, Combine);
 

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/combine.h"
+#include "kernels/element.h"
 #include "kernels/onebit.h"
 #include "kernels/topk.h"
 
@@ -26,7 +27,8 @@ namespace gz::kernels::cpu {
 
 // ---- none: fp32 as is ------------------------------------------------------
 /// out = g + r; r = 0 (nothing is lost).
-void copy_encode(const float* g, float* r, std::size_t n, float* out);
+template <class G>
+void copy_encode(const G* g, float* r, std::size_t n, float* out);
 /// out[i - begin] = combine(out[i - begin], in[i], c), i in [begin, end).
 void copy_decode(const float* in, std::size_t begin, std::size_t end, float* out, Combine c);
 /// out[i] = (in[0][i] + in[1][i] + ... + in[m-1][i]) * scale (the multiply
@@ -39,15 +41,24 @@ void sum(const float* const* in, std::size_t m, std::size_t n, float scale, floa
 /// (half of what writing it costs). Ends with a store fence.
 void stream_store(const float* src, std::size_t n, float* dst);
 
+// ---- gradient element types (T = float | Half | BFloat16, kernels/element.h)
+/// out[i] = to_float(in[i]), i < n: exact.
+template <class T>
+void widen(const T* in, std::size_t n, float* out);
+/// out[i] = from_float<T>(in[i]), i < n: round to nearest even.
+template <class T>
+void narrow(const float* in, std::size_t n, T* out);
+
 // ---- fp16 / bf16 (Fmt = HalfFormat | BFloat16Format) -----------------------
-template <class Fmt>
-void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out);
+template <class Fmt, class G>
+void cast_encode(const G* g, float* r, std::size_t n, std::uint16_t* out);
 template <class Fmt>
 void cast_decode(const std::uint16_t* in, std::size_t begin, std::size_t end, float* out, Combine c);
 
 // ---- onebit ---------------------------------------------------------------
 /// scales: onebit_blocks(n, block) entries; bits: onebit_words(n) words.
-void onebit_encode(const float* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
+template <class G>
+void onebit_encode(const G* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
                    std::uint32_t* bits);
 void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::uint32_t block, std::size_t begin,
                    std::size_t end, float* out, Combine c);
@@ -57,14 +68,16 @@ void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::u
 /// the k selected indices (strictly increasing) and their values, sets r to v
 /// elsewhere and to 0 at the selected indices. k is clamped to n. Returns the
 /// number of entries written (min(k, n)).
-std::size_t topk_encode(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n,
+template <class G>
+std::size_t topk_encode(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::size_t n,
                         std::size_t k, std::uint32_t* idx, float* val);
 
 /// DGC-style: sends every element whose magnitude reaches a threshold
 /// estimated from a fixed sample. Returns the count, which lies in
 /// [topk_sampled_min(k), topk_sampled_max(k)]: when the estimate would send
 /// fewer or more, it falls back to the exact selection of k.
-std::size_t topk_encode_sampled(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n,
+template <class G>
+std::size_t topk_encode_sampled(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::size_t n,
                                 std::size_t k, std::uint32_t* idx, float* val);
 inline std::size_t topk_sampled_min(std::size_t k) { return (k + 1) / 2; }
 inline std::size_t topk_sampled_max(std::size_t k) { return k + k / 2; }

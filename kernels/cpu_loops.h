@@ -1,9 +1,15 @@
 // Pieces the CPU loops share (internal to kernels/*_cpu.cc): the input of an
 // encode, the prefetch distance, and their 8-lane AVX2 twins.
+//
+// The gradient g of an encode is float, Half or BFloat16 (kernels/element.h);
+// input / input8 widen it exactly, so an encode loop is one template over the
+// element type and its math stays float. (A 16-bit load is F16C's convert for
+// binary16, a 16-bit shift for bfloat16.)
 #pragma once
 
 #include <cstddef>
 
+#include "kernels/element.h"
 #include "kernels/hd.h"
 
 #if defined(__AVX2__)
@@ -18,9 +24,9 @@ namespace gz::kernels::cpu::detail {
 inline constexpr std::size_t kPrefetchAhead = 1024;
 
 /// What an encode quantizes: v = g + r with error feedback, g without.
-template <bool kEf>
-inline float input(const float* g, const float* r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
+template <bool kEf, class G>
+inline float input(const G* g, const float* r, std::size_t i) {
+  return kEf ? to_float(g[i]) + r[i] : to_float(g[i]);
 }
 
 #if GZ_CPU_AVX2
@@ -32,9 +38,25 @@ inline __m256 combine8(const float* o, __m256 d, float scale) {
   return kScaled ? _mm256_mul_ps(v, _mm256_set1_ps(scale)) : v;
 }
 
-template <bool kEf>
-inline __m256 input8(const float* g, const float* r, std::size_t i) {
-  __m256 v = _mm256_loadu_ps(g + i);
+/// 8 elements from p, widened to float.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const Half* p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(32) float f[8];
+  for (int l = 0; l < 8; ++l) f[l] = to_float(p[l]);
+  return _mm256_load_ps(f);
+#endif
+}
+
+template <bool kEf, class G>
+inline __m256 input8(const G* g, const float* r, std::size_t i) {
+  __m256 v = load8(g + i);
   if constexpr (kEf) v = _mm256_add_ps(v, _mm256_loadu_ps(r + i));
   return v;
 }
@@ -49,6 +71,18 @@ inline __m256 nonfinite_mask(__m256 v) {
 inline __m256 ef_residual8(__m256 v, __m256 sent) {
   const __m256 res = _mm256_sub_ps(v, sent);
   return _mm256_andnot_ps(nonfinite_mask(res), res);
+}
+#endif
+
+#if defined(__AVX512F__)
+/// 16 elements from p, widened to float (AVX-512 loops).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 #endif
 

@@ -26,6 +26,7 @@
 
 #include "common/stream.h"
 #include "kernels/combine.h"
+#include "kernels/element.h"
 #include "kernels/onebit.h"
 
 namespace gz::kernels::cuda {
@@ -47,15 +48,24 @@ int device_count();
 /// Copies one device word to the host. Synchronizes `stream`.
 std::uint32_t fetch_word(const std::uint32_t* device_word, Stream stream);
 
+// ---- gradient element types (T = float | Half | BFloat16) -------------------
+/// The twins of cpu::widen and cpu::narrow. narrow does nothing when gate is
+/// set and *gate != 0 (a decode whose payload failed validation).
+template <class T>
+void widen(const T* in, std::size_t n, float* out, Stream stream);
+template <class T>
+void narrow(const float* in, std::size_t n, T* out, const std::uint32_t* gate, Stream stream);
+
 // ---- none: fp32 as is ------------------------------------------------------
 /// out = g + r; r = 0 (or out = g without feedback).
-void copy_encode(const float* g, float* r, std::size_t n, float* out, const Blob32& head, Stream stream);
+template <class G>
+void copy_encode(const G* g, float* r, std::size_t n, float* out, const Blob32& head, Stream stream);
 /// out[i] = combine(out[i], in[i], c).
 void copy_decode(const float* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate, Stream stream);
 
 // ---- fp16 / bf16 (Fmt = HalfFormat | BFloat16Format) -----------------------
-template <class Fmt>
-void cast_encode(const float* g, float* r, std::size_t n, std::uint16_t* out, const Blob32& head, Stream stream);
+template <class Fmt, class G>
+void cast_encode(const G* g, float* r, std::size_t n, std::uint16_t* out, const Blob32& head, Stream stream);
 template <class Fmt>
 void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate,
                  Stream stream);
@@ -65,7 +75,8 @@ void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, 
 /// block % 32 == 0 runs one fused pass (a warp per block: lane sums, shuffle
 /// tree, ballot, residual); other block sizes take two passes (scales, then
 /// a warp per sign word), same bits.
-void onebit_encode(const float* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
+template <class G>
+void onebit_encode(const G* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
                    std::uint32_t* bits, const Blob32& head, Stream stream);
 void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n, std::uint32_t block,
                    float* out, Combine c, const std::uint32_t* gate, Stream stream);
@@ -94,7 +105,8 @@ void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::s
 /// with key >= L in index order (decoupled look-back), then a radix select
 /// over those candidates (or over the whole array when L missed) and an
 /// ordered compaction of the winners. No host synchronization.
-void topk_encode(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n, std::size_t k,
+template <class G>
+void topk_encode(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::size_t n, std::size_t k,
                  bool sampled, std::uint32_t* body, const Blob32& head, const std::uint32_t** count_out,
                  Stream stream);
 

@@ -6,9 +6,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "kernels/cuda.h"
+#include "kernels/element.h"
 
 namespace gz::kernels::cuda::detail {
 
@@ -29,6 +31,14 @@ inline unsigned grid_for(std::size_t units, int threads = kThreads, int blocks_p
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
+/// Whether a kernel may read the gradient g as float4: a float gradient,
+/// 16-byte aligned. (A 16-bit gradient takes the scalar loop, which widens
+/// each element through ef_input.)
+template <class G>
+inline bool vec_gradient(const G* g) {
+  return std::is_same_v<G, float> && aligned16(g);
+}
+
 /// Thread 0 of block 0 stores the blob. Call from every block. (Constant
 /// indices keep the parameter out of local memory.)
 __device__ __forceinline__ void store_blob(const Blob32& b) {
@@ -42,9 +52,20 @@ __device__ __forceinline__ void store_blob(const Blob32& b) {
 __device__ __forceinline__ bool gate_closed(const std::uint32_t* gate) { return gate && *gate != 0; }
 
 /// What an encode quantizes: v = g + r with error feedback, g without.
-template <bool kEf>
-__device__ __forceinline__ float ef_input(const float* __restrict__ g, const float* __restrict__ r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
+/// g is float, Half or BFloat16 (kernels/element.h), widened exactly.
+template <bool kEf, class G>
+__device__ __forceinline__ float ef_input(const G* __restrict__ g, const float* __restrict__ r, std::size_t i) {
+  return kEf ? to_float(g[i]) + r[i] : to_float(g[i]);
+}
+
+/// Where v = g (+ r) lives once an EF pass stored it: r with EF, g itself
+/// without (then a float gradient: a 16-bit one without EF is widened first).
+template <bool kEf, class G>
+__host__ __device__ __forceinline__ const float* values_of(const G* g, const float* r) {
+  if constexpr (kEf)
+    return r;
+  else
+    return g;
 }
 
 /// Element b of an array of two-float structs (per-block scales) inside a

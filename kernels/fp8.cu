@@ -35,9 +35,9 @@ __device__ __forceinline__ void convert(float v, float* __restrict__ r, std::siz
   if constexpr (kEf) r[i] = ef_residual(v, fp8_value<Fmt>(c, s.scale));
 }
 
-template <class Fmt, bool kEf>
+template <class Fmt, bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    encode_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t block,
+    encode_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t block,
                   float* __restrict__ scales, std::uint8_t* __restrict__ codes, Blob32 head) {
   store_blob(head);
   if (global_thread() == 0)  // zero padding after the last code
@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(kThreads)
     out[i] = combine(out[i], fp8_value<Fmt>(codes[i], scales[i / block]), c);
 }
 
-template <class Fmt>
-void encode_launch(const float* g, float* r, std::size_t n, std::uint32_t block, float* scales, std::uint8_t* codes,
+template <class Fmt, class G>
+void encode_launch(const G* g, float* r, std::size_t n, std::uint32_t block, float* scales, std::uint8_t* codes,
                    const Blob32& head, Stream stream) {
   const unsigned grid = grid_for(Fp8Layout::blocks(fp8_param(Fmt::exp_bits, block), n) * 32);
   if (r)
@@ -119,7 +119,8 @@ void decode_launch(const float* scales, const std::uint8_t* codes, std::size_t n
 
 }  // namespace
 
-void fp8_encode(const float* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
+template <class G>
+void fp8_encode(const G* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
                 std::uint8_t* codes, const Blob32& head, Stream stream) {
   GZ_ENFORCE((exp_bits == 4 || exp_bits == 5) && block >= 1, "fp8: exponent bits ", exp_bits, ", block ", block);
   if (n == 0) {
@@ -141,5 +142,11 @@ void fp8_decode(const float* scales, const std::uint8_t* codes, std::size_t n, s
   else
     decode_launch<Fp8E5M2>(scales, codes, n, block, out, c, gate, stream);
 }
+
+#define GZ_INSTANTIATE(G)                       \
+  template void fp8_encode(const G*, float*, std::size_t, std::uint32_t, \
+                std::uint32_t, float*, std::uint8_t*, const Blob32&, Stream);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 
 }  // namespace gz::kernels::cuda

@@ -148,7 +148,8 @@ GZ_HD float fp8_value(std::uint32_t code, float scale) {
 namespace cpu {
 /// scales: Fp8Layout::blocks entries; codes: n bytes plus zero padding to a
 /// multiple of 4 (written). exp_bits 4 (e4m3) or 5 (e5m2), block >= 1.
-void fp8_encode(const float* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
+template <class G>
+void fp8_encode(const G* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
                 std::uint8_t* codes);
 /// Elements [begin, end) into out[0 .. end - begin), combined as `c` says.
 void fp8_decode(const float* scales, const std::uint8_t* codes, std::uint32_t exp_bits, std::uint32_t block,
@@ -158,7 +159,8 @@ void fp8_decode(const float* scales, const std::uint8_t* codes, std::uint32_t ex
 namespace cuda {
 /// The twin of cpu::fp8_encode: a warp per block (amax by shuffles, one byte
 /// per lane and element, residual); blocks of up to 512 stay in registers.
-void fp8_encode(const float* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
+template <class G>
+void fp8_encode(const G* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
                 std::uint8_t* codes, const Blob32& head, Stream stream);
 void fp8_decode(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
                 std::uint32_t block, float* out, Combine c, const std::uint32_t* gate, Stream stream);

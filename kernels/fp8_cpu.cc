@@ -19,8 +19,8 @@ namespace {
 
 using namespace detail;
 
-template <class Fmt, bool kEf>
-inline void convert_one(const float* g, float* r, std::size_t i, Fp8Scale s, std::uint8_t* codes) {
+template <class Fmt, bool kEf, class G>
+inline void convert_one(const G* g, float* r, std::size_t i, Fp8Scale s, std::uint8_t* codes) {
   const float v = input<kEf>(g, r, i);
   const std::uint32_t c = fp8_code<Fmt>(v, s.inv);
   codes[i] = static_cast<std::uint8_t>(c);
@@ -78,8 +78,8 @@ struct Lanes {
 };
 
 // Pass 1 on 8 lanes: max of the finite |v| (exact in any order).
-template <bool kEf>
-float amax_avx2(const float* g, const float* r, std::size_t begin, std::size_t end) {
+template <bool kEf, class G>
+float amax_avx2(const G* g, const float* r, std::size_t begin, std::size_t end) {
   __m256 m = _mm256_setzero_ps();
   std::size_t i = begin;
   for (; i + 8 <= end; i += 8) {
@@ -98,8 +98,8 @@ float amax_avx2(const float* g, const float* r, std::size_t begin, std::size_t e
 }
 
 // Codes and residuals of 8 elements; the codes stay in 32-bit lanes.
-template <class Fmt, bool kEf>
-inline __m256i convert8(const float* g, float* r, std::size_t i, Fp8Scale s) {
+template <class Fmt, bool kEf, class G>
+inline __m256i convert8(const G* g, float* r, std::size_t i, Fp8Scale s) {
   const __m256 v = input8<kEf>(g, r, i);
   const __m256i c = Lanes<Fmt>::encode(_mm256_mul_ps(v, _mm256_set1_ps(s.inv)));
   if constexpr (kEf)  // ef_residual(v, fp8_value(c, scale))
@@ -108,8 +108,8 @@ inline __m256i convert8(const float* g, float* r, std::size_t i, Fp8Scale s) {
 }
 
 // 32 elements: four lane groups, packed to 32 bytes in element order.
-template <class Fmt, bool kEf>
-inline void convert32(const float* g, float* r, std::size_t i, Fp8Scale s, std::uint8_t* codes) {
+template <class Fmt, bool kEf, class G>
+inline void convert32(const G* g, float* r, std::size_t i, Fp8Scale s, std::uint8_t* codes) {
   const __m256i c0 = convert8<Fmt, kEf>(g, r, i, s), c1 = convert8<Fmt, kEf>(g, r, i + 8, s);
   const __m256i c2 = convert8<Fmt, kEf>(g, r, i + 16, s), c3 = convert8<Fmt, kEf>(g, r, i + 24, s);
   // u32 -> u16 -> u8 packs interleave the 128-bit halves; one permute restores element order.
@@ -127,8 +127,8 @@ inline void decode8(const std::uint8_t* codes, std::size_t i, float scale, float
 }
 #endif  // GZ_CPU_AVX2
 
-template <bool kEf>
-float block_amax(const float* g, const float* r, std::size_t begin, std::size_t end) {
+template <bool kEf, class G>
+float block_amax(const G* g, const float* r, std::size_t begin, std::size_t end) {
 #if GZ_CPU_AVX2
   return amax_avx2<kEf>(g, r, begin, end);
 #else
@@ -138,8 +138,8 @@ float block_amax(const float* g, const float* r, std::size_t begin, std::size_t 
 #endif
 }
 
-template <class Fmt, bool kEf>
-void encode(const float* g, float* r, std::size_t n, std::uint32_t block, float* scales, std::uint8_t* codes) {
+template <class Fmt, bool kEf, class G>
+void encode(const G* g, float* r, std::size_t n, std::uint32_t block, float* scales, std::uint8_t* codes) {
   const std::size_t blocks = Fp8Layout::blocks(fp8_param(Fmt::exp_bits, block), n);
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::size_t begin = b * block, end = std::min<std::size_t>(n, begin + block);
@@ -176,13 +176,19 @@ void decode(const float* scales, const std::uint8_t* codes, std::uint32_t block,
 
 }  // namespace
 
-void fp8_encode(const float* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
+template <class G>
+void fp8_encode(const G* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
                 std::uint8_t* codes) {
   if (exp_bits == 4)
     r ? encode<Fp8E4M3, true>(g, r, n, block, scales, codes) : encode<Fp8E4M3, false>(g, r, n, block, scales, codes);
   else
     r ? encode<Fp8E5M2, true>(g, r, n, block, scales, codes) : encode<Fp8E5M2, false>(g, r, n, block, scales, codes);
 }
+
+#define GZ_INSTANTIATE(G) \
+  template void fp8_encode(const G*, float*, std::size_t, std::uint32_t, std::uint32_t, float*, std::uint8_t*);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 
 void fp8_decode(const float* scales, const std::uint8_t* codes, std::uint32_t exp_bits, std::uint32_t block,
                 std::size_t begin, std::size_t end, float* out, Combine c) {

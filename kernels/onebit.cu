@@ -46,8 +46,8 @@ __device__ __forceinline__ OnebitScales warp_scales(const OnebitPartial& p, std:
 }
 
 // Sum of one block over the warp, lane-striped, loading from memory.
-template <bool kEf>
-__device__ __forceinline__ OnebitPartial block_partial(const float* g, const float* r, std::size_t begin,
+template <bool kEf, class G>
+__device__ __forceinline__ OnebitPartial block_partial(const G* g, const float* r, std::size_t begin,
                                                        std::uint32_t len, unsigned lane) {
   OnebitPartial p;
   for (std::uint32_t j = lane; j < len; j += 32) p.add(ef_input<kEf>(g, r, begin + j));
@@ -55,9 +55,9 @@ __device__ __forceinline__ OnebitPartial block_partial(const float* g, const flo
 }
 
 // Fused pass, block % 32 == 0: a warp per block (grid-stride over blocks).
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    encode_fused_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t block,
+    encode_fused_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t block,
                         OnebitScales* __restrict__ scales, std::uint32_t* __restrict__ bits, Blob32 head) {
   store_blob(head);
   const unsigned lane = threadIdx.x & 31;
@@ -107,9 +107,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Two-pass path, any block size. Pass 1: a warp per block, scales only.
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    scales_kernel(const float* __restrict__ g, const float* __restrict__ r, std::size_t n, std::uint32_t block,
+    scales_kernel(const G* __restrict__ g, const float* __restrict__ r, std::size_t n, std::uint32_t block,
                   OnebitScales* __restrict__ scales) {
   const unsigned lane = threadIdx.x & 31;
   const std::size_t blocks = onebit_blocks(n, block);
@@ -122,9 +122,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Pass 2: a warp per 32-element sign word; each element looks up its block.
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    words_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t block,
+    words_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t block,
                  const OnebitScales* __restrict__ scales, std::uint32_t* __restrict__ bits, Blob32 head) {
   store_blob(head);
   const unsigned lane = threadIdx.x & 31;
@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void onebit_encode(const float* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
+template <class G>
+void onebit_encode(const G* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
                    std::uint32_t* bits, const Blob32& head, Stream stream) {
   GZ_ENFORCE(block >= 1, "onebit block size must be >= 1");
   if (n == 0) {
@@ -213,5 +214,11 @@ void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::s
   decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, bits, n, block, out, c, gate, vec);
   GZ_LAUNCH_CHECK(decode_kernel);
 }
+
+#define GZ_INSTANTIATE(G)                       \
+  template void onebit_encode(const G*, float*, std::size_t, std::uint32_t, \
+                OnebitScales*, std::uint32_t*, const Blob32&, Stream);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 
 }  // namespace gz::kernels::cuda

@@ -27,8 +27,8 @@ using namespace detail;
 constexpr int L = kOnebitLanes;
 
 // One core keeps too few lines in flight on its own: prefetch explicitly.
-template <bool kEf>
-inline void prefetch_row(const float* g, const float* r, std::size_t i) {
+template <bool kEf, class G>
+inline void prefetch_row(const G* g, const float* r, std::size_t i) {
   __builtin_prefetch(g + i + kPrefetchAhead);
   __builtin_prefetch(g + i + kPrefetchAhead + 16);
   if constexpr (kEf) {
@@ -39,8 +39,8 @@ inline void prefetch_row(const float* g, const float* r, std::size_t i) {
 
 // Adds `rows` full rows of 32 elements starting at `begin` into the lanes
 // (OnebitPartial::add per lane, in row order).
-template <bool kEf>
-void add_rows(const float* g, const float* r, std::size_t begin, std::size_t rows, OnebitPartial* lane) {
+template <bool kEf, class G>
+void add_rows(const G* g, const float* r, std::size_t begin, std::size_t rows, OnebitPartial* lane) {
 #if GZ_CPU_AVX512
   // Lanes 8q..8q+7 live in pos[q] / neg[q]; a masked add leaves the other sum
   // as it is, which equals adding +0.0 (neither sum can be -0.0).
@@ -51,7 +51,7 @@ void add_rows(const float* g, const float* r, std::size_t begin, std::size_t row
     const std::size_t i = begin + row * L;
     prefetch_row<kEf>(g, r, i);
     for (int q = 0; q < 4; ++q) {
-      __m256 v = _mm256_loadu_ps(g + i + 8 * q);
+      __m256 v = load8(g + i + 8 * q);
       if constexpr (kEf) v = _mm256_add_ps(v, _mm256_loadu_ps(r + i + 8 * q));
       const __m512d x = _mm512_maskz_cvtps_pd(0xFF, v);  // (the unmasked form trips GCC 12 -Wmaybe-uninitialized)
       const __mmask8 m = _mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_LT_OQ);  // exact for float inputs
@@ -84,8 +84,8 @@ void add_rows(const float* g, const float* r, std::size_t begin, std::size_t row
 }
 
 // Pass 1: the block's scales, summed lane-striped then tree-reduced.
-template <bool kEf>
-OnebitScales block_scales(const float* g, const float* r, std::size_t begin, std::size_t len) {
+template <bool kEf, class G>
+OnebitScales block_scales(const G* g, const float* r, std::size_t begin, std::size_t len) {
   OnebitPartial lane[L];
   const std::size_t rows = len / L, j = rows * L;
   add_rows<kEf>(g, r, begin, rows, lane);
@@ -96,8 +96,8 @@ OnebitScales block_scales(const float* g, const float* r, std::size_t begin, std
 }
 
 // Pass 2 over elements [lo, hi) of one 32-bit sign word (bit b = element base+b).
-template <bool kEf>
-inline std::uint32_t sign_word(const float* g, float* r, std::size_t base, int lo, int hi, OnebitScales s) {
+template <bool kEf, class G>
+inline std::uint32_t sign_word(const G* g, float* r, std::size_t base, int lo, int hi, OnebitScales s) {
   std::uint32_t word = 0;
   for (int b = lo; b < hi; ++b) {
     const float v = input<kEf>(g, r, base + b);
@@ -108,15 +108,15 @@ inline std::uint32_t sign_word(const float* g, float* r, std::size_t base, int l
   return word;
 }
 
-template <bool kEf>
-inline std::uint32_t full_sign_word(const float* g, float* r, std::size_t base, OnebitScales s) {
+template <bool kEf, class G>
+inline std::uint32_t full_sign_word(const G* g, float* r, std::size_t base, OnebitScales s) {
 #if GZ_CPU_AVX512
   const __m512 pos = _mm512_set1_ps(s.pos), neg = _mm512_set1_ps(s.neg);
   const __m512i exp = _mm512_set1_epi32(0x7F800000);
   std::uint32_t word = 0;
   for (int h = 0; h < 2; ++h) {
     const std::size_t i = base + 16 * h;
-    __m512 v = _mm512_loadu_ps(g + i);
+    __m512 v = load16(g + i);
     if constexpr (kEf) v = _mm512_add_ps(v, _mm512_loadu_ps(r + i));
     const __mmask16 m = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
     if constexpr (kEf) {  // ef_residual(v, onebit_value(neg, s))
@@ -139,8 +139,8 @@ inline std::uint32_t full_sign_word(const float* g, float* r, std::size_t base, 
 #endif
 }
 
-template <bool kEf>
-void encode(const float* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
+template <bool kEf, class G>
+void encode(const G* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
             std::uint32_t* bits) {
   std::memset(bits, 0, onebit_words(n) * sizeof(std::uint32_t));
   const std::size_t blocks = onebit_blocks(n, block);
@@ -199,13 +199,19 @@ void decode(const OnebitScales* scales, const std::uint32_t* bits, std::uint32_t
 
 }  // namespace
 
-void onebit_encode(const float* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
+template <class G>
+void onebit_encode(const G* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
                    std::uint32_t* bits) {
   if (r)
     encode<true>(g, r, n, block, scales, bits);
   else
     encode<false>(g, r, n, block, scales, bits);
 }
+
+#define GZ_INSTANTIATE(G) \
+  template void onebit_encode(const G*, float*, std::size_t, std::uint32_t, OnebitScales*, std::uint32_t*);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 
 void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::uint32_t block, std::size_t begin,
                    std::size_t end, float* out, Combine c) {

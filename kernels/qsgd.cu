@@ -78,9 +78,9 @@ __device__ __forceinline__ std::uint32_t quantize(float v, float* __restrict__ r
 }
 
 // Fused pass, bucket % 32 == 0: a warp per bucket (grid-stride over buckets).
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    encode_fused_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t bits,
+    encode_fused_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t bits,
                         std::uint32_t bucket, QsgdRounding rnd, QsgdScale* __restrict__ scales,
                         std::uint32_t* __restrict__ words, Blob32 head) {
   store_blob(head);
@@ -127,9 +127,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Two-pass path, any bucket size. Pass 1: a warp per bucket, scales only.
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    scales_kernel(const float* __restrict__ g, const float* __restrict__ r, std::size_t n, std::uint32_t bits,
+    scales_kernel(const G* __restrict__ g, const float* __restrict__ r, std::size_t n, std::uint32_t bits,
                   std::uint32_t bucket, QsgdScale* __restrict__ scales) {
   const unsigned lane = threadIdx.x & 31;
   const std::size_t buckets = QsgdLayout::buckets(qsgd_param(bits, bucket), n);
@@ -144,9 +144,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Pass 2: a warp per 32-element group; each element looks up its bucket's scale.
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    groups_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t bits,
+    groups_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, std::uint32_t bits,
                   std::uint32_t bucket, QsgdRounding rnd, const QsgdScale* __restrict__ scales,
                   std::uint32_t* __restrict__ words, Blob32 head) {
   store_blob(head);
@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void qsgd_encode(const float* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
+template <class G>
+void qsgd_encode(const G* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
                  const QsgdRounding& rounding, QsgdScale* scales, std::uint32_t* words, const Blob32& head,
                  Stream stream) {
   GZ_ENFORCE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits && bucket >= 1, "qsgd: bits ", bits, ", bucket ", bucket);
@@ -238,5 +239,11 @@ void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::size_
                                                                         gate, vec);
   GZ_LAUNCH_CHECK(decode_kernel);
 }
+
+#define GZ_INSTANTIATE(G)                       \
+  template void qsgd_encode(const G*, float*, std::size_t, std::uint32_t, std::uint32_t, \
+                const QsgdRounding&, QsgdScale*, std::uint32_t*, const Blob32&, Stream);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 
 }  // namespace gz::kernels::cuda

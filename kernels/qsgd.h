@@ -130,7 +130,8 @@ struct QsgdRounding {
 namespace cpu {
 /// scales: QsgdLayout::buckets entries; words: QsgdLayout::words, any contents
 /// (every word is written). bits in 2..8, bucket >= 1.
-void qsgd_encode(const float* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
+template <class G>
+void qsgd_encode(const G* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
                  const QsgdRounding& rounding, QsgdScale* scales, std::uint32_t* words);
 /// Elements [begin, end) into out[0 .. end - begin), combined as `c` says.
 void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::uint32_t bits, std::uint32_t bucket,
@@ -141,7 +142,8 @@ namespace cuda {
 /// The twin of cpu::qsgd_encode. bucket % 32 == 0 runs one fused pass (a warp
 /// per bucket: min/max by shuffles, codes OR-reduced into words, residual);
 /// other bucket sizes take two passes (scales, then a warp per 32 elements).
-void qsgd_encode(const float* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
+template <class G>
+void qsgd_encode(const G* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
                  const QsgdRounding& rounding, QsgdScale* scales, std::uint32_t* words, const Blob32& head,
                  Stream stream);
 void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,

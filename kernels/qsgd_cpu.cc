@@ -42,8 +42,8 @@ struct Bucket {
 
 // ---- pass 1: the scale ------------------------------------------------------
 
-template <bool kEf>
-Bucket scan_portable(const float* g, const float* r, std::size_t begin, std::size_t end, std::uint32_t bits) {
+template <bool kEf, class G>
+Bucket scan_portable(const G* g, const float* r, std::size_t begin, std::size_t end, std::uint32_t bits) {
   float lo = kQsgdClamp, hi = -kQsgdClamp;
   bool bad = false;
   for (std::size_t i = begin; i < end; ++i) {
@@ -61,8 +61,8 @@ Bucket scan_portable(const float* g, const float* r, std::size_t begin, std::siz
 
 // Element i: its level into the code stream (OR: the group's words were
 // zeroed when its first element came), its residual.
-template <bool kEf>
-inline void quantize_one(const float* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits, float dither,
+template <bool kEf, class G>
+inline void quantize_one(const G* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits, float dither,
                          std::uint32_t* words) {
   const float v = input<kEf>(g, r, i);
   const std::uint32_t q = qsgd_level(v, b.scale, b.inv, dither, qsgd_levels(bits));
@@ -82,8 +82,8 @@ inline void zero_group_words(std::uint32_t* words, std::size_t i, std::uint32_t 
 
 // ---- pass 2, a group of 32 inside one bucket ---------------------------------
 
-template <bool kEf>
-void group_portable(const float* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits,
+template <bool kEf, class G>
+void group_portable(const G* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits,
                     const QsgdRounding& rnd, std::uint32_t* words) {
   float dither[kGroup];
   group_dithers(rnd, i, dither);
@@ -159,8 +159,8 @@ void dithers_avx2(const QsgdRounding& rnd, std::size_t i, __m256* out) {
 }
 
 // Pass 1 on 8 lanes; the lane order of min and max does not matter (exact).
-template <bool kEf>
-Bucket scan_avx2(const float* g, const float* r, std::size_t begin, std::size_t end, std::uint32_t bits) {
+template <bool kEf, class G>
+Bucket scan_avx2(const G* g, const float* r, std::size_t begin, std::size_t end, std::uint32_t bits) {
   const __m256 clamp = _mm256_set1_ps(kQsgdClamp), nclamp = _mm256_set1_ps(-kQsgdClamp);
   __m256 lo8 = clamp, hi8 = nclamp, bad8 = _mm256_setzero_ps();
   std::size_t i = begin;
@@ -190,8 +190,8 @@ Bucket scan_avx2(const float* g, const float* r, std::size_t begin, std::size_t 
 }
 
 // Levels of 8 elements (qsgd_level on 8 lanes) and their residual.
-template <bool kEf>
-inline __m256i levels8(const float* g, float* r, std::size_t i, const Bucket& b, __m256 dither, __m256 top) {
+template <bool kEf, class G>
+inline __m256i levels8(const G* g, float* r, std::size_t i, const Bucket& b, __m256 dither, __m256 top) {
   const __m256 v = input8<kEf>(g, r, i);
   const __m256 c = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-kQsgdClamp)), _mm256_set1_ps(kQsgdClamp));
   const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(c, _mm256_set1_ps(b.scale.lo)), _mm256_set1_ps(b.inv)),
@@ -206,8 +206,8 @@ inline __m256i levels8(const float* g, float* r, std::size_t i, const Bucket& b,
   return q;
 }
 
-template <bool kEf>
-void group_avx2(const float* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits,
+template <bool kEf, class G>
+void group_avx2(const G* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits,
                 const QsgdRounding& rnd, std::uint32_t* words) {
   const __m256 top = _mm256_set1_ps(static_cast<float>(qsgd_levels(bits)));
   __m256i q[4];
@@ -286,8 +286,8 @@ void decode_group_avx2(const std::uint32_t* in, std::size_t i, QsgdScale s, std:
 // The lane-wide paths cover the widths whose codes never straddle a word.
 inline bool simd_bits(std::uint32_t bits) { return bits == 2 || bits == 4 || bits == 8; }
 
-template <bool kEf>
-void encode(const float* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
+template <bool kEf, class G>
+void encode(const G* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
             const QsgdRounding& rnd, QsgdScale* scales, std::uint32_t* words) {
   const std::uint32_t param = qsgd_param(bits, bucket);
   const std::uint64_t total_words = QsgdLayout::words(param, n);
@@ -322,7 +322,8 @@ void encode(const float* g, float* r, std::size_t n, std::uint32_t bits, std::ui
 
 }  // namespace
 
-void qsgd_encode(const float* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
+template <class G>
+void qsgd_encode(const G* g, float* r, std::size_t n, std::uint32_t bits, std::uint32_t bucket,
                  const QsgdRounding& rounding, QsgdScale* scales, std::uint32_t* words) {
   if (r)
     encode<true>(g, r, n, bits, bucket, rounding, scales, words);
@@ -358,6 +359,12 @@ void decode(const QsgdScale* scales, const std::uint32_t* words, std::uint32_t b
 }
 
 }  // namespace
+
+#define GZ_INSTANTIATE(G)                                                                                   \
+  template void qsgd_encode(const G*, float*, std::size_t, std::uint32_t, std::uint32_t, const QsgdRounding&, \
+                            QsgdScale*, std::uint32_t*);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 
 void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::uint32_t bits, std::uint32_t bucket,
                  std::size_t begin, std::size_t end, float* out, Combine c) {

@@ -230,9 +230,9 @@ __device__ __forceinline__ unsigned next_tile(unsigned* counter) {
 
 // ---- loaders ----------------------------------------------------------------
 
-template <bool kEf>
-__device__ __forceinline__ float input(const float* __restrict__ g, const float* __restrict__ r, std::size_t i) {
-  return kEf ? g[i] + r[i] : g[i];
+template <bool kEf, class G>
+__device__ __forceinline__ float input(const G* __restrict__ g, const float* __restrict__ r, std::size_t i) {
+  return ef_input<kEf>(g, r, i);
 }
 
 // 16 consecutive items of the chosen source: the whole array (index = position)
@@ -284,9 +284,9 @@ __device__ __forceinline__ void load_items(unsigned path, const float* __restric
 
 // One block: the bound L = the rank-th largest of the sampled keys (exactly
 // what topk_cpu.cc's sample_bound computes); rank 0 gives L = 0.
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kSelectThreads)
-    sample_kernel(const float* __restrict__ g, const float* __restrict__ r, std::size_t n, unsigned k,
+    sample_kernel(const G* __restrict__ g, const float* __restrict__ r, std::size_t n, unsigned k,
                   unsigned rank, Control* ctl) {
   __shared__ unsigned hist[kMaxBins];
   if (threadIdx.x == 0) {
@@ -322,9 +322,9 @@ __global__ void __launch_bounds__(kSelectThreads)
 }
 
 // v = g + r (r = v), and the ordered list of candidates (key >= bound).
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kTileThreads)
-    filter_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, std::size_t tiles,
+    filter_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, std::size_t tiles,
                   std::size_t cap, Control* ctl, unsigned long long* state, unsigned* __restrict__ cand_idx,
                   float* __restrict__ cand_val, bool vec) {
   const unsigned bound = ctl->bound;
@@ -501,9 +501,9 @@ __global__ void __launch_bounds__(kTileThreads)
 }
 
 // k >= n: every element, in order.
-template <bool kEf>
+template <bool kEf, class G>
 __global__ void __launch_bounds__(kThreads)
-    select_all_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, unsigned* __restrict__ body,
+    select_all_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, unsigned* __restrict__ body,
                       Control* ctl, Blob32 head) {
   store_blob(head);
   if (global_thread() == 0) ctl->out_count = static_cast<unsigned>(n);
@@ -517,11 +517,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // k == 0: nothing is sent, everything is carried (r += g).
+template <class G>
 __global__ void __launch_bounds__(kThreads)
-    carry_all_kernel(const float* __restrict__ g, float* __restrict__ r, std::size_t n, Blob32 head) {
+    carry_all_kernel(const G* __restrict__ g, float* __restrict__ r, std::size_t n, Blob32 head) {
   store_blob(head);
   if (!r) return;
-  for (std::size_t i = global_thread(); i < n; i += grid_threads()) r[i] += g[i];
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) r[i] = ef_input<true>(g, r, i);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -543,8 +544,8 @@ __global__ void __launch_bounds__(kThreads)
   for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = c.accumulate ? out[i] * c.scale : zero;
 }
 
-template <bool kEf>
-void launch_select(const Layout& l, const float* g, float* r, std::size_t n, std::size_t k, bool sampled,
+template <bool kEf, class G>
+void launch_select(const Layout& l, const G* g, float* r, std::size_t n, std::size_t k, bool sampled,
                    std::uint32_t* body, const Blob32& head, Stream stream) {
   const std::uint64_t rank = topk_sample_rank(n, k, sampled);
   sample_kernel<kEf><<<1, kSelectThreads, 0, stream>>>(g, r, n, static_cast<unsigned>(k),
@@ -553,7 +554,7 @@ void launch_select(const Layout& l, const float* g, float* r, std::size_t n, std
 
   const int sms = sm_count();
   const unsigned tile_grid = static_cast<unsigned>(l.tiles < static_cast<std::size_t>(sms) * 8 ? l.tiles : sms * 8);
-  const bool vec = aligned16(g) && (!kEf || aligned16(r));
+  const bool vec = vec_gradient(g) && (!kEf || aligned16(r));
   filter_kernel<kEf><<<tile_grid, kTileThreads, 0, stream>>>(g, r, n, l.tiles, l.cap, l.ctl, l.filter_state,
                                                              l.cand_idx, l.cand_val, vec);
   GZ_LAUNCH_CHECK(filter_kernel);
@@ -565,7 +566,7 @@ void launch_select(const Layout& l, const float* g, float* r, std::size_t n, std
                                    static_cast<unsigned>(cpu::topk_sampled_max(k)));
   GZ_LAUNCH_CHECK(plan_kernel);
 
-  const float* src = kEf ? r : g;  // where v lives once the filter ran
+  const float* src = values_of<kEf>(g, r);  // where v lives once the filter ran
   const bool src_vec = aligned16(src);
   const unsigned hist_grid = static_cast<unsigned>(l.tiles < static_cast<std::size_t>(sms) * 4 ? l.tiles : sms * 4);
   auto digit = [&](auto d) {
@@ -589,7 +590,8 @@ void launch_select(const Layout& l, const float* g, float* r, std::size_t n, std
 
 }  // namespace
 
-void topk_encode(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n, std::size_t k,
+template <class G>
+void topk_encode(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::size_t n, std::size_t k,
                  bool sampled, std::uint32_t* body, const Blob32& head, const std::uint32_t** count_out,
                  Stream stream) {
   if (!ws) {
@@ -616,11 +618,19 @@ void topk_encode(void* ws, std::size_t& ws_bytes, const float* g, float* r, std:
     GZ_LAUNCH_CHECK(carry_all_kernel);
     return;
   }
-  if (r)
-    launch_select<true>(l, g, r, n, k, sampled, body, head, stream);
-  else
-    launch_select<false>(l, g, r, n, k, sampled, body, head, stream);
+  if constexpr (std::is_same_v<G, float>) {
+    if (!r) return launch_select<false>(l, g, r, n, k, sampled, body, head, stream);
+  } else {
+    GZ_ENFORCE(r != nullptr, "topk: a 16-bit gradient needs a residual here");  // compressors/topk.cc widens
+  }
+  launch_select<true>(l, g, r, n, k, sampled, body, head, stream);
 }
+
+#define GZ_INSTANTIATE(G)                                                                                    \
+  template void topk_encode(void*, std::size_t&, const G*, float*, std::size_t, std::size_t, bool, std::uint32_t*, \
+                            const Blob32&, const std::uint32_t**, Stream);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 
 void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, float* out, Combine c,
                  const std::uint32_t* gate, Stream stream) {

@@ -21,17 +21,21 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <type_traits>
 
+#include "common/error.h"
 #include "common/workspace.h"
 #include "kernels/cpu.h"
 #include "kernels/error_feedback.h"
+#include "kernels/cpu_loops.h"
 #include "kernels/topk_lines_cpu.h"
 
 namespace gz::kernels::cpu {
 namespace {
 
+using detail::input;
+using detail::kPrefetchAhead;
 constexpr std::size_t kSample = kTopkSample;  // sampling policy: kernels/topk.h, shared with the CUDA twin
-constexpr std::size_t kPrefetchAhead = 1024;  // elements
 constexpr std::size_t kLine = topk_line::kWidth;  // 16 floats: one cache line
 
 std::size_t candidate_capacity(std::size_t n, std::size_t k) { return topk_candidate_capacity(n, k); }
@@ -207,28 +211,38 @@ struct CandidateList {
   }
 };
 
+// Where v lives once EF has been applied: r with EF, g itself without (then
+// a float gradient: see encode_entry).
+template <bool kEf, class G>
+const float* values_of(const G* g, const float* r) {
+  if constexpr (kEf)
+    return r;
+  else
+    return g;
+}
+
 // Lists the elements i..i+count (count < kLine) of v whose key reaches
 // `bound`, where v = g, or with EF v = g + r, stored back to r.
-template <bool kEf>
-void scan_tail(const float* g, float* r, std::size_t i, std::size_t count, std::uint32_t bound, CandidateList& list) {
+template <bool kEf, class G>
+void scan_tail(const G* g, float* r, std::size_t i, std::size_t count, std::uint32_t bound, CandidateList& list) {
   std::uint32_t mask = 0;
   for (std::size_t b = 0; b < count; ++b) {
-    const float v = kEf ? g[i + b] + r[i + b] : g[i + b];
+    const float v = input<kEf>(g, r, i + b);
     if constexpr (kEf) r[i + b] = v;
     mask |= static_cast<std::uint32_t>(topk_key(v) >= bound) << b;
   }
-  list.push(mask, i, kEf ? r : g);
+  list.push(mask, i, values_of<kEf>(g, r));
 }
 
 // scan_tail over one full line, i..i+kLine: a compare into a bit mask and an
 // in-register compress (kernels/topk_lines_cpu.h); a portable loop's mask
 // reduction and branchy push are a large share of this memory-bound pass
 // on one core.
-template <bool kEf>
-[[gnu::always_inline]] inline void scan_line(const float* g, float* r, std::size_t i, std::uint32_t bound,
+template <bool kEf, class G>
+[[gnu::always_inline]] inline void scan_line(const G* g, float* r, std::size_t i, std::uint32_t bound,
                                              CandidateList& list) {
   namespace line = topk_line;
-  line::Values v = line::load(g + i);
+  line::Values v = line::load(g + i);  // widened (topk_lines_cpu.h)
   if constexpr (kEf) {
     v = line::add(v, line::load(r + i));
     line::store(r + i, v);
@@ -240,14 +254,14 @@ template <bool kEf>
                          list.val + list.count);
     list.count += line::popcount(m);
   } else {
-    list.push(m, i, kEf ? r : g);
+    list.push(m, i, values_of<kEf>(g, r));
   }
 }
 
 // Lists the elements of v[begin..end) with key >= bound into `list`
 // (applying EF on the way when kEf).
-template <bool kEf>
-void scan_candidates(const float* g, float* r, std::size_t begin, std::size_t end, std::uint32_t bound,
+template <bool kEf, class G>
+void scan_candidates(const G* g, float* r, std::size_t begin, std::size_t end, std::uint32_t bound,
                      CandidateList& list) {
   std::size_t i = begin;
   for (; i + kLine <= end; i += kLine) {
@@ -270,15 +284,15 @@ void scan_candidates(const float* g, float* r, std::size_t begin, std::size_t en
 // The streams are unrolled so that each list's count stays in a register.
 // (AMD EPYC, AVX2, 16M: unrolling ~7.0 -> ~6.1 ms; 2 KiB ahead per stream
 // instead of 1 KiB ~6.4 -> ~6.0 ms; 8 streams ~6.9 ms; min of 60 calls.)
-template <bool kEf>
-std::size_t find_candidates(const float* g, float* r, std::size_t n, std::uint32_t bound, const Workspace& ws) {
+template <bool kEf, class G>
+std::size_t find_candidates(const G* g, float* r, std::size_t n, std::uint32_t bound, const Workspace& ws) {
   constexpr std::size_t kStreams = 4;
   constexpr std::size_t kStreamAhead = 512;  // elements prefetched ahead in each stream (8 KiB in all)
   const std::size_t chunk = n / kStreams / kLine * kLine;
   const std::size_t slice = ws.capacity / kStreams;
   std::array<CandidateList, kStreams> lists;
   for (std::size_t s = 0; s < kStreams; ++s) lists[s] = {ws.cand_idx + s * slice, ws.cand_val + s * slice, slice};
-  const float* values = kEf ? r : g;
+  const float* values = values_of<kEf>(g, r);
   for (std::size_t j = 0; j < chunk; j += kLine) {
 #pragma GCC unroll 4
     for (std::size_t s = 0; s < kStreams; ++s) {
@@ -313,8 +327,8 @@ std::size_t find_candidates(const float* g, float* r, std::size_t n, std::uint32
 }
 
 // The key that about `rank` of the kSample sampled keys reach.
-template <bool kEf>
-std::uint32_t sample_bound(const float* g, const float* r, std::size_t n, std::size_t rank, std::uint32_t* sample) {
+template <bool kEf, class G>
+std::uint32_t sample_bound(const G* g, const float* r, std::size_t n, std::size_t rank, std::uint32_t* sample) {
   constexpr std::size_t kAhead = 16;  // scattered reads: keep several misses in flight
   for (std::size_t j = 0; j < kSample; ++j) {
     const std::size_t i = topk_sample_position(j, n), ahead = topk_sample_position(j + kAhead, n);
@@ -322,16 +336,16 @@ std::uint32_t sample_bound(const float* g, const float* r, std::size_t n, std::s
       __builtin_prefetch(g + ahead);
       if constexpr (kEf) __builtin_prefetch(r + ahead);
     }
-    sample[j] = topk_key(kEf ? g[i] + r[i] : g[i]);
+    sample[j] = topk_key(input<kEf>(g, r, i));
   }
   // The sample is not needed afterwards: it is its own radix scratch.
   return radix_threshold([&](std::size_t j) { return sample[j]; }, kSample, rank, sample).threshold;
 }
 
-template <bool kEf>
-std::size_t select_all(const float* g, float* r, std::size_t n, std::uint32_t* idx, float* val) {
+template <bool kEf, class G>
+std::size_t select_all(const G* g, float* r, std::size_t n, std::uint32_t* idx, float* val) {
   for (std::size_t i = 0; i < n; ++i) {
-    const float v = kEf ? g[i] + r[i] : g[i];
+    const float v = input<kEf>(g, r, i);
     idx[i] = static_cast<std::uint32_t>(i);
     val[i] = v;
     if constexpr (kEf) r[i] = ef_residual(v, v);
@@ -346,15 +360,15 @@ std::size_t select_direct(const float* v, float* r, std::size_t n, std::size_t k
   return emit<kEf>([](std::size_t i) { return i; }, [&](std::size_t i) { return v[i]; }, n, r, t, idx, val);
 }
 
-template <bool kEf>
-std::size_t encode(const Workspace& ws, const float* g, float* r, std::size_t n, std::size_t k, bool sampled,
+template <bool kEf, class G>
+std::size_t encode(const Workspace& ws, const G* g, float* r, std::size_t n, std::size_t k, bool sampled,
                    std::uint32_t* idx, float* val) {
   if (k >= n) return select_all<kEf>(g, r, n, idx, val);
-  const float* v = kEf ? r : g;  // where v lives once EF has been applied
+  const float* v = values_of<kEf>(g, r);  // where v lives once EF has been applied
   const std::uint64_t rank = topk_sample_rank(n, k, sampled);  // 0: no sample (k == 0, small n)
   if (rank == 0) {
     if constexpr (kEf)
-      for (std::size_t i = 0; i < n; ++i) r[i] += g[i];
+      for (std::size_t i = 0; i < n; ++i) r[i] = input<true>(g, r, i);
     return k == 0 ? 0 : select_direct<kEf>(v, r, n, k, idx, val);
   }
   const std::uint32_t bound = sample_bound<kEf>(g, r, n, static_cast<std::size_t>(rank), ws.sample);
@@ -367,7 +381,8 @@ std::size_t encode(const Workspace& ws, const float* g, float* r, std::size_t n,
   return emit_candidates<kEf>(ws, c, r, t, k, idx, val);
 }
 
-std::size_t encode_entry(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n, std::size_t k,
+template <class G>
+std::size_t encode_entry(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::size_t n, std::size_t k,
                          bool sampled, std::uint32_t* idx, float* val) {
   if (!ws) {
     ws_bytes = carve(nullptr, 0, n, k, nullptr);
@@ -376,20 +391,37 @@ std::size_t encode_entry(void* ws, std::size_t& ws_bytes, const float* g, float*
   Workspace w;
   carve(ws, ws_bytes, n, k, &w);
   k = std::min(k, n);
-  return r ? encode<true>(w, g, r, n, k, sampled, idx, val) : encode<false>(w, g, r, n, k, sampled, idx, val);
+  if constexpr (std::is_same_v<G, float>) {
+    if (!r) return encode<false>(w, g, r, n, k, sampled, idx, val);
+  } else {
+    // Without EF v is g itself, and the selection reads v as float: the codec
+    // widens a 16-bit gradient first (compressors/topk.cc).
+    GZ_ENFORCE(r != nullptr, "topk: a 16-bit gradient needs a residual here");
+  }
+  return encode<true>(w, g, r, n, k, sampled, idx, val);
 }
 
 }  // namespace
 
-std::size_t topk_encode(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n, std::size_t k,
+template <class G>
+std::size_t topk_encode(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::size_t n, std::size_t k,
                         std::uint32_t* idx, float* val) {
   return encode_entry(ws, ws_bytes, g, r, n, k, false, idx, val);
 }
 
-std::size_t topk_encode_sampled(void* ws, std::size_t& ws_bytes, const float* g, float* r, std::size_t n,
+template <class G>
+std::size_t topk_encode_sampled(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::size_t n,
                                 std::size_t k, std::uint32_t* idx, float* val) {
   return encode_entry(ws, ws_bytes, g, r, n, k, true, idx, val);
 }
+
+#define GZ_INSTANTIATE(G)                                                                                      \
+  template std::size_t topk_encode(void*, std::size_t&, const G*, float*, std::size_t, std::size_t, std::uint32_t*, \
+                                   float*);                                                                      \
+  template std::size_t topk_encode_sampled(void*, std::size_t&, const G*, float*, std::size_t, std::size_t,      \
+                                           std::uint32_t*, float*);
+GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
+#undef GZ_INSTANTIATE
 
 void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t begin, std::size_t end,
                  float* out, Combine c) {

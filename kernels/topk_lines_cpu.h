@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/element.h"
 #include "kernels/topk.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -222,5 +223,13 @@ inline void compress_store(std::uint32_t mask, Words index, Values x, std::uint3
 }
 
 #endif
+
+/// A line of 16-bit gradient elements, widened to float (kernels/element.h).
+template <class G>
+inline Values load(const G* p) {
+  alignas(64) float f[kWidth];
+  for (std::size_t b = 0; b < kWidth; ++b) f[b] = to_float(p[b]);
+  return load(static_cast<const float*>(f));
+}
 
 }  // namespace gz::kernels::cpu::topk_line

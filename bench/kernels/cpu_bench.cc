@@ -74,7 +74,7 @@ void bm_topk_select(benchmark::State& state, std::size_t n, std::size_t k) {
   std::vector<std::uint32_t> idx(k);
   std::vector<float> val(k);
   std::size_t ws_bytes = 0;
-  kernels::cpu::topk_encode(nullptr, ws_bytes, nullptr, nullptr, n, k, nullptr, nullptr);
+  kernels::cpu::topk_encode<float>(nullptr, ws_bytes, nullptr, nullptr, n, k, nullptr, nullptr);
   std::vector<std::byte> ws(ws_bytes);
   for (auto _ : state) {
     benchmark::DoNotOptimize(kernels::cpu::topk_encode(ws.data(), ws_bytes, v.data(), nullptr, n, k, idx.data(), val.data()));

@@ -176,7 +176,7 @@ void bm_topk_cuda(benchmark::State& state, std::size_t n, std::size_t k) {
   DeviceArray<std::uint32_t> body(2 * k);
   fill_normal(v.ptr, n, 4, 1.0f);
   std::size_t ws_bytes = 0;
-  kernels::cuda::topk_encode(nullptr, ws_bytes, nullptr, nullptr, n, k, false, nullptr, {}, nullptr, nullptr);
+  kernels::cuda::topk_encode<float>(nullptr, ws_bytes, nullptr, nullptr, n, k, false, nullptr, {}, nullptr, nullptr);
   DeviceArray<std::byte> ws(ws_bytes);
   Stream st;
   EventTimer t(st.s);

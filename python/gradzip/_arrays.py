@@ -55,6 +55,13 @@ def as_input(x: Any, what: str) -> Any:
     raise InvalidArgument(f"{what} must be a numpy array or a torch tensor, got {type(x).__name__}")
 
 
+def dtype_name(x: Any) -> str:
+    """The element type's name as gradzip spells it ("float32", "float16", "bfloat16", ...)."""
+    if is_torch(x):
+        return str(x.dtype).replace("torch.", "")
+    return np.dtype(x.dtype).name
+
+
 def empty_like_bytes(like: Any, nbytes: int) -> Any:
     """An uninitialised uint8 array of nbytes in like's framework and device."""
     if is_torch(like):

@@ -138,9 +138,13 @@ class ErrorFeedback:
 class Codec(_CoreCodec):
     """A gradient codec named by a spec string, on numpy arrays and torch tensors.
 
-    ``encode`` compresses a float32 gradient (fused with error feedback) into a
-    uint8 payload; ``decode_accumulate`` adds a payload's values into a float32
-    output, so a sum of payloads needs no temporaries. Arrays are used in place
+    ``encode`` compresses a float32, float16 or bfloat16 gradient (fused with
+    error feedback; the residual is float32 whatever the gradient's dtype) into
+    a uint8 payload; ``decode_accumulate`` adds a payload's values into a
+    float32, float16 or bfloat16 output, so a sum of payloads needs no
+    temporaries. A 16-bit gradient is widened exactly (its payload is the one
+    of its float32 copy) and a 16-bit output gets the float sum rounded once,
+    to nearest even. Arrays are used in place
     (DLPack, zero-copy): host arrays by the CPU loops, CUDA tensors by the CUDA
     kernels on torch's current stream. Wrong dtypes, devices, sizes, non-contiguous
     arrays and malformed payloads raise :class:`gradzip.InvalidArgument` /
@@ -171,8 +175,10 @@ class Codec(_CoreCodec):
         self._workspaces: Dict[Any, Any] = {}
 
     def _workspace(self, like: Any, n: int, stream: int, torch: Any) -> Any:
-        """The cached workspace for a call on n elements beside `like` (None when none is needed)."""
-        need = self.workspace_bytes(n, "cpu" if torch is None else "cuda")
+        """The cached workspace for a call on n elements of like's dtype beside `like` (None when none is needed)."""
+        dtype = _arrays.dtype_name(like)
+        need = self.workspace_bytes(n, "cpu" if torch is None else "cuda",
+                                    dtype if dtype in ("float16", "bfloat16") else "float32")
         if need == 0:
             return None
         key = "cpu" if torch is None else (str(like.device), stream)
@@ -188,7 +194,8 @@ class Codec(_CoreCodec):
         """Compresses grad into a new payload (or into ``out``) and returns it.
 
         Args:
-            grad: float32, contiguous; numpy array or torch tensor, CPU or CUDA.
+            grad: float32, float16 or bfloat16, contiguous; numpy array or torch
+                tensor, CPU or CUDA.
             state: the buffer's :class:`ErrorFeedback` (required when the codec has
                 error feedback; ignored otherwise). Its residual is updated in place
                 and its step advances by one.
@@ -227,7 +234,8 @@ class Codec(_CoreCodec):
         return payload.reshape(-1)[:nbytes]
 
     def decode_accumulate(self, payload: Any, out: Any) -> None:
-        """Adds the decoded payload into out (float32, contiguous, on the payload's device).
+        """Adds the decoded payload into out (float32, float16 or bfloat16, contiguous, on
+        the payload's device). A 16-bit out gets ``round(out + decoded)``: one rounding.
 
         Raises PayloadError, leaving out untouched, when the payload is malformed or
         was made by another codec or for another element count.

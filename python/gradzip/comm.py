@@ -148,8 +148,10 @@ class Communicator:
         over ranks, sent compressed by ``codec`` with error feedback in ``state``.
 
         Args:
-            tensor: float32, contiguous; numpy array or torch tensor (CPU, or CUDA
-                on torch's current stream).
+            tensor: float32, float16 or bfloat16, contiguous; numpy array or torch
+                tensor (CPU, or CUDA on torch's current stream). A 16-bit tensor is
+                reduced in float32 (widened exactly, summed, rounded once to its
+                dtype); the dtype is part of what the ranks agree on.
             codec: a :class:`gradzip.Codec` (the same spec on every rank).
             state: this buffer's :class:`AllreduceState`.
             algorithm: ``"auto"``, ``"allgather"`` or ``"scatter_reduce"``.

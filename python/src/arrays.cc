@@ -1,5 +1,6 @@
 #include "arrays.h"
 
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
@@ -10,11 +11,28 @@ namespace {
 // DLPack device types (dlpack.h): kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3.
 constexpr int kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
 
-const char* elem_name(Elem e) { return e == Elem::F32 ? "float32" : "uint8"; }
+const char* elem_name(Elem e) {
+  switch (e) {
+    case Elem::F32: return "float32";
+    case Elem::U8: return "uint8";
+    case Elem::Grad: return "float32, float16 or bfloat16";
+  }
+  return "?";
+}
+
+// The gradient dtype of t, if it is one.
+std::optional<gz::Dtype> grad_dtype(nb::dlpack::dtype t) {
+  if (t.lanes != 1) return std::nullopt;
+  if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 32) return gz::Dtype::Float32;
+  if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 16) return gz::Dtype::Float16;
+  if (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) return gz::Dtype::BFloat16;
+  return std::nullopt;
+}
 
 bool elem_matches(nb::dlpack::dtype t, Elem e) {
   if (t.lanes != 1) return false;
-  if (e == Elem::F32) return t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 32;
+  if (e == Elem::F32) return grad_dtype(t) == gz::Dtype::Float32;
+  if (e == Elem::Grad) return grad_dtype(t).has_value();
   return t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) && t.bits == 8;
 }
 
@@ -70,6 +88,7 @@ Span check_impl(const Array& a, Elem elem, const char* what) {
   }
   s.data = const_cast<void*>(static_cast<const void*>(a.data()));
   s.count = count;
+  s.dtype = grad_dtype(a.dtype()).value_or(gz::Dtype::Float32);
   if (count > 0 && s.data == nullptr) GZ_THROW(gz::InvalidArgument, what, " has a null data pointer");
   return s;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/dtype.h"
 #include "common/stream.h"
 
 namespace gzpy {
@@ -34,10 +35,16 @@ struct Span {
   void* data = nullptr;
   std::size_t count = 0;  ///< elements
   Place place;
+  gz::Dtype dtype = gz::Dtype::Float32;  ///< Elem::Grad: which of the three
+  std::size_t bytes() const { return count * gz::dtype_bytes(dtype); }
 };
 
 /// Element types the bindings accept.
-enum class Elem { F32, U8 };
+enum class Elem {
+  F32,   ///< float32 (residuals)
+  U8,    ///< uint8 (payloads, workspaces)
+  Grad,  ///< a gradient: float32, float16 or bfloat16 (Span::dtype says which)
+};
 
 /// Checks dtype, contiguity and device (CPU, pinned host or CUDA); any shape
 /// is accepted as long as it is C-contiguous (it is used flattened).

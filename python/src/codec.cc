@@ -36,6 +36,11 @@ std::size_t checked_count(std::size_t n) {
   return n;
 }
 
+gz::Dtype parse_dtype_name(std::string_view d) {
+  if (const auto t = gz::parse_dtype(d)) return *t;
+  GZ_THROW(gz::InvalidArgument, "unknown dtype '", d, "'; valid: float32, float16, bfloat16");
+}
+
 gz::Device parse_device(std::string_view d) {
   if (d == "cpu") return gz::Device::Cpu;
   if (d == "cuda" || d.substr(0, 5) == "cuda:") return gz::Device::Cuda;
@@ -62,10 +67,10 @@ gz::ExecContext make_context(const Span& data, const char* name, std::uintptr_t 
 std::size_t encode_into(CodecHandle& self, const InArray& grad, const OutArray& residual, const OutArray& payload,
                         std::uintptr_t stream, const OutArray& workspace, std::uint64_t step) {
   gz::Codec& codec = self.codec();
-  const Span g = check_array(grad, Elem::F32, "grad");
+  const Span g = check_array(grad, Elem::Grad, "grad");
   const Span p = check_array(payload, Elem::U8, "payload");
   check_same_place(g, "grad", p, "payload");
-  check_disjoint(g, g.count * 4, "grad", p, p.count, "payload");
+  check_disjoint(g, g.bytes(), "grad", p, p.count, "payload");
 
   Span r;
   if (codec.error_feedback()) {
@@ -77,28 +82,28 @@ std::size_t encode_into(CodecHandle& self, const InArray& grad, const OutArray& 
     check_same_place(g, "grad", r, "residual");
     if (r.count != g.count)
       GZ_THROW(gz::InvalidArgument, "residual has ", r.count, " elements but grad has ", g.count);
-    check_disjoint(g, g.count * 4, "grad", r, r.count * 4, "residual");
+    check_disjoint(g, g.bytes(), "grad", r, r.count * 4, "residual");
     check_disjoint(r, r.count * 4, "residual", p, p.count, "payload");
   }
   gz::ExecContext ctx = make_context(g, "grad", stream, workspace);
   ctx.step = step;
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(self.mutex());
-  return codec.encode(static_cast<const float*>(g.data), static_cast<float*>(r.data), g.count,
-                      static_cast<std::byte*>(p.data), p.count, ctx);
+  return codec.encode(g.data, g.dtype, static_cast<float*>(r.data), g.count, static_cast<std::byte*>(p.data), p.count,
+                      ctx);
 }
 
 void decode_accumulate_into(CodecHandle& self, const InArray& payload, const OutArray& out, std::uintptr_t stream,
                             const OutArray& workspace) {
   gz::Codec& codec = self.codec();
   const Span p = check_array(payload, Elem::U8, "payload");
-  const Span o = check_array(out, Elem::F32, "out");
+  const Span o = check_array(out, Elem::Grad, "out");
   check_same_place(o, "out", p, "payload");
-  check_disjoint(o, o.count * 4, "out", p, p.count, "payload");
+  check_disjoint(o, o.bytes(), "out", p, p.count, "payload");
   const gz::ExecContext ctx = make_context(o, "out", stream, workspace);
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(self.mutex());
-  codec.decode_accumulate(static_cast<const std::byte*>(p.data), p.count, static_cast<float*>(o.data), o.count, ctx);
+  codec.decode_accumulate(static_cast<const std::byte*>(p.data), p.count, o.data, o.dtype, o.count, ctx);
 }
 
 }  // namespace
@@ -129,18 +134,19 @@ void bind_codec(nb::module_& m) {
            [](const CodecHandle& c, std::size_t n) { return c.codec().max_payload_bytes(checked_count(n)); },
            nb::arg("n"), "Payload bytes (header included) for n elements: exact, or the upper bound when not fixed_size.")
       .def("workspace_bytes",
-           [](const CodecHandle& c, std::size_t n, std::string_view device) {
-             return c.codec().workspace_bytes(checked_count(n), parse_device(device));
+           [](const CodecHandle& c, std::size_t n, std::string_view device, std::string_view dtype) {
+             return c.codec().workspace_bytes(checked_count(n), parse_device(device), parse_dtype_name(dtype));
            },
-           nb::arg("n"), nb::arg("device") = "cpu",
-           "Scratch bytes an encode or decode of n elements needs on device ('cpu' or 'cuda');\n"
-           "encode_into / decode_accumulate_into need a workspace of that many bytes when it is not 0.")
+           nb::arg("n"), nb::arg("device") = "cpu", nb::arg("dtype") = "float32",
+           "Scratch bytes an encode or decode of n elements of dtype ('float32', 'float16', 'bfloat16')\n"
+           "needs on device ('cpu' or 'cuda'); encode_into / decode_accumulate_into need a workspace of\n"
+           "that many bytes when it is not 0.")
       .def("encode_into", &encode_into, nb::arg("grad").noconvert(), nb::arg("residual").noconvert().none(),
            nb::arg("payload").noconvert(), nb::kw_only(), nb::arg("stream") = 0,
            nb::arg("workspace").noconvert().none() = nb::none(), nb::arg("step") = 0,
            nb::sig("def encode_into(self, grad: object, residual: object | None, payload: object, *, "
                    "stream: int = 0, workspace: object | None = None, step: int = 0) -> int"),
-           "Encodes grad (float32, contiguous) into payload (uint8, at least max_payload_bytes(n) bytes),\n"
+           "Encodes grad (float32, float16 or bfloat16, contiguous; residual float32) into payload (uint8, at least max_payload_bytes(n) bytes),\n"
            "updating residual in place (error feedback: v = grad + residual; payload = Q(v);\n"
            "residual = v - D(payload)). Returns the payload's size in bytes.\n\n"
            "All arrays must be on one device, workspace (uint8) included, which must hold\n"
@@ -153,7 +159,8 @@ void bind_codec(nb::module_& m) {
            nb::arg("workspace").noconvert().none() = nb::none(),
            nb::sig("def decode_accumulate_into(self, payload: object, out: object, *, stream: int = 0, "
                    "workspace: object | None = None) -> None"),
-           "Adds the decoded payload into out (float32, contiguous, the encoded element count).\n"
+           "Adds the decoded payload into out (float32, float16 or bfloat16, contiguous, the encoded\n"
+           "element count); a 16-bit out gets the float sum rounded once (to nearest even).\n"
            "payload must be exactly the bytes encode returned. Raises PayloadError, leaving out\n"
            "untouched, when the payload is malformed or belongs to another codec or size.")
       .def("__repr__", [](const CodecHandle& c) { return "Codec('" + c.codec().spec() + "')"; });

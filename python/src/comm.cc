@@ -215,7 +215,7 @@ nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz
                    std::string_view op, std::string_view algorithm, std::uintptr_t stream,
                    std::optional<double> timeout_s) {
   gz::Communicator& comm = h.get();
-  const Span b = check_array(buffer, Elem::F32, "tensor");
+  const Span b = check_array(buffer, Elem::Grad, "tensor");
   if (b.place.device == gz::Device::Cpu && stream != 0)
     GZ_THROW(gz::InvalidArgument, "a stream was given but tensor is a host array");
   gz::AllreduceStats stats;
@@ -230,7 +230,7 @@ nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(h.mutex);
     std::lock_guard<std::mutex> codec_lock(codec.mutex());
-    comm.allreduce(static_cast<float*>(b.data), b.count, codec.codec(), state, call);
+    comm.allreduce(b.data, b.dtype, b.count, codec.codec(), state, call);
   }
   return stats_dict(stats);
 }

@@ -49,7 +49,7 @@ Result run_topk(const std::vector<float>& g, std::vector<float>* r, std::size_t 
   const float guard_val = std::bit_cast<float>(0x7FBADBADu);
   const std::size_t n = g.size();
   std::size_t ws_bytes = 0;
-  kernels::cpu::topk_encode(nullptr, ws_bytes, nullptr, nullptr, n, k, nullptr, nullptr);
+  kernels::cpu::topk_encode<float>(nullptr, ws_bytes, nullptr, nullptr, n, k, nullptr, nullptr);
   std::vector<std::byte> ws(ws_bytes);
   const std::size_t cap = std::min(sampled ? kernels::cpu::topk_sampled_max(k) : k, n);
   Result res{std::vector<std::uint32_t>(cap + kGuard, kGuardIdx), std::vector<float>(cap + kGuard, guard_val)};

@@ -12,6 +12,7 @@
 #include "comm/allreduce.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
+#include "kernels/cast.h"
 #include "tests/comm/exchange_check.h"
 #include "tests/comm/reference.h"
 #include "tests/comm/thread_transport.h"
@@ -271,6 +272,81 @@ TEST(Allreduce, MismatchFailsOnEveryRankNamingIt) {
     EXPECT_NE(m.find("disagree"), std::string::npos) << "rank " << r << ": " << m;
     EXPECT_NE(m.find("codec: ranks 0,1 'none'; rank 2 'fp16'"), std::string::npos) << m;
     EXPECT_NE(m.find("n: ranks 0,2 '100'; rank 1 '50'"), std::string::npos) << m;
+  }
+}
+
+// 16-bit buffers: the call runs on the exact float widening and rounds the
+// result once, so every rank holds the same bits, and those are the float
+// allreduce of the widened inputs rounded to the dtype; the EF state is the
+// float one, so a second step matches too.
+TEST(Allreduce, SixteenBitBuffersAreTheFloatCallRoundedOnce) {
+  struct Case {
+    int P;
+    const char* spec;
+    Algorithm algo;
+  };
+  const Case cases[] = {{2, "onebit", Algorithm::Allgather},         {3, "topk:density=0.1", Algorithm::Allgather},
+                        {3, "onebit:block=64", Algorithm::ScatterReduce}, {4, "none", Algorithm::ScatterReduce},
+                        {3, "qsgd", Algorithm::ScatterReduce},        {2, "none", Algorithm::Allgather}};
+  const std::size_t n = 5003;
+  for (const Case& c : cases) {
+    for (const Dtype dtype : {Dtype::Float16, Dtype::BFloat16}) {
+      SCOPED_TRACE(std::string(c.spec) + " P=" + std::to_string(c.P) + " " + to_string(dtype));
+      auto round16 = [&](float f) {
+        return dtype == Dtype::Float16 ? kernels::half_from_float_rne(f) : kernels::bf16_from_float_rne(f);
+      };
+      auto widen16 = [&](std::uint16_t b) {
+        return dtype == Dtype::Float16 ? kernels::half_to_float(b) : kernels::bf16_to_float(b);
+      };
+      std::vector<std::vector<std::uint16_t>> got(static_cast<std::size_t>(c.P));
+      std::vector<std::vector<float>> want(static_cast<std::size_t>(c.P));
+      const auto errors = run_threads(c.P, [&](int r, Transport& t, Store& store) {
+        auto codec16 = make_codec(c.spec), codec32 = make_codec(c.spec);
+        AllreduceWorkspace ws16, ws32;
+        AllreduceState st16, st32;
+        auto& mine16 = got[static_cast<std::size_t>(r)];
+        auto& mine32 = want[static_cast<std::size_t>(r)];
+        for (int step = 0; step < 2; ++step) {
+          const std::vector<float> in = make_input(r, n, step);
+          mine16.resize(n);
+          mine32.resize(n);
+          for (std::size_t i = 0; i < n; ++i) mine16[i] = round16(in[i]), mine32[i] = widen16(mine16[i]);
+          AllreduceOptions o;
+          o.transport = &t; o.store = &store; o.codec = codec16.get(); o.timeout = Timeout(20000);
+          o.algorithm = c.algo; o.op = ReduceOp::Average; o.n = n;
+          o.workspace = &ws16; o.state = &st16; o.buffer = mine16.data(); o.dtype = dtype;
+          allreduce(o);
+          o.codec = codec32.get(); o.workspace = &ws32; o.state = &st32; o.buffer = mine32.data();
+          o.dtype = Dtype::Float32;
+          allreduce(o);
+        }
+      });
+      for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
+      for (int r = 0; r < c.P; ++r) {
+        const auto R = static_cast<std::size_t>(r);
+        EXPECT_EQ(got[R], got[0]) << "rank " << r << " differs from rank 0";
+        for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(got[R][i], round16(want[R][i])) << "rank " << r << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(Allreduce, DtypeMismatchFailsOnEveryRankNamingIt) {
+  const int P = 3;
+  const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
+    auto codec = make_codec("onebit");
+    AllreduceWorkspace ws;
+    AllreduceState state;
+    std::vector<std::uint32_t> buf(100, 0x3F803F80u);  // 1.0 in bfloat16, or 200 of them; float: 100
+    AllreduceOptions o;
+    o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
+    o.buffer = buf.data(); o.n = 100; o.timeout = Timeout(20000);
+    o.dtype = r == 1 ? Dtype::Float32 : Dtype::BFloat16;
+    allreduce(o);
+  });
+  for (int r = 0; r < P; ++r) {
+    const std::string m = what(errors[static_cast<std::size_t>(r)]);
+    EXPECT_NE(m.find("dtype: ranks 0,2 'bfloat16'; rank 1 'float32'"), std::string::npos) << "rank " << r << ": " << m;
   }
 }
 

@@ -354,6 +354,77 @@ TEST_F(CudaCodec, ErrorFeedbackInvariant) {
   }
 }
 
+// 16-bit gradients (float16, bfloat16): the GPU encodes the same payload and
+// float residual as the CPU, and decodes into a 16-bit output (every combine
+// mode, and a sum, rounded once) the same bits, for every test spec.
+TEST_F(CudaCodec, SixteenBitGradientsMatchTheCpu) {
+  for (const std::string& spec : registry_specs()) {
+    for (const Dtype dtype : {Dtype::Float16, Dtype::BFloat16}) {
+      for (const std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{100003}}) {
+        SCOPED_TRACE(spec + " " + to_string(dtype) + " n=" + std::to_string(n));
+        auto cpu = make_codec(spec), gpu = make_codec(spec);
+        const bool ef = cpu->error_feedback();
+        std::mt19937_64 rng(test::test_seed() + n);
+        auto round16 = [&](const std::vector<float>& f) {
+          std::vector<std::uint16_t> b(f.size());
+          for (std::size_t i = 0; i < f.size(); ++i)
+            b[i] = dtype == Dtype::Float16 ? kernels::half_from_float_rne(f[i]) : kernels::bf16_from_float_rne(f[i]);
+          return b;
+        };
+        std::vector<float> gf = test::gaussian(n, rng);
+        const auto special = test::special_values();
+        for (std::size_t i = 0; i < n && i / 97 < special.size(); i += 97) gf[i] = special[i / 97];
+        const std::vector<std::uint16_t> g = round16(gf), out0 = round16(test::gaussian(n, rng));
+        const std::vector<float> r0 = test::gaussian(n, rng, 0.1f);
+
+        std::vector<float> r_cpu = r0;
+        std::vector<std::byte> p_cpu(cpu->max_payload_bytes(n));
+        std::vector<std::byte> host_ws(cpu->workspace_bytes(n, Device::Cpu, dtype));
+        const ExecContext host{Device::Cpu, nullptr, host_ws.data(), host_ws.size()};
+        p_cpu.resize(cpu->encode(g.data(), dtype, ef ? r_cpu.data() : nullptr, n, p_cpu.data(), p_cpu.size(), host));
+
+        cudaStream_t stream;
+        GZ_CUDA_CHECK(cudaStreamCreate(&stream));
+        DeviceBuffer<std::byte> ws(gpu->workspace_bytes(n, Device::Cuda, dtype)), payload(gpu->max_payload_bytes(n));
+        DeviceBuffer<std::uint16_t> dg(g), dout(out0);
+        DeviceBuffer<float> dr(r0);
+        const ExecContext ctx{Device::Cuda, stream, ws.get(), ws.size()};
+        const std::size_t bytes = gpu->encode(dg.get(), dtype, ef ? dr.get() : nullptr, n, payload.get(), payload.size(), ctx);
+        GZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+        ASSERT_EQ(bytes, p_cpu.size());
+        ASSERT_TRUE(same_payload(p_cpu, payload.download(bytes)));
+        if (ef) {
+          ASSERT_TRUE(same_floats(r_cpu, dr.download(), "residual"));
+        }
+
+        auto same16 = [&](const std::vector<std::uint16_t>& want, const std::vector<std::uint16_t>& got, const char* what) {
+          for (std::size_t i = 0; i < n; ++i) {
+            const bool nan_a = dtype == Dtype::Float16 ? half_nan(want[i]) : bf16_nan(want[i]);
+            const bool nan_b = dtype == Dtype::Float16 ? half_nan(got[i]) : bf16_nan(got[i]);
+            if (nan_a && nan_b) continue;
+            ASSERT_EQ(want[i], got[i]) << what << " i=" << i;
+          }
+        };
+        for (const Combine mode : {Combine{true, 1.0f}, Combine{false, 1.0f}, Combine{true, 0.25f}}) {
+          std::vector<std::uint16_t> want = out0;
+          cpu->decode(p_cpu.data(), p_cpu.size(), want.data(), dtype, n, mode, host);
+          dout.upload(out0);
+          gpu->decode(payload.get(), bytes, dout.get(), dtype, n, mode, ctx);
+          same16(want, dout.download(), "decode");
+        }
+        std::vector<std::uint16_t> want = out0;
+        const PayloadRef host_refs[2] = {{p_cpu.data(), p_cpu.size()}, {p_cpu.data(), p_cpu.size()}};
+        cpu->decode_sum(host_refs, want.data(), dtype, n, 0.5f, host);
+        dout.upload(out0);
+        const PayloadRef dev_refs[2] = {{payload.get(), bytes}, {payload.get(), bytes}};
+        gpu->decode_sum(dev_refs, dout.get(), dtype, n, 0.5f, ctx);
+        same16(want, dout.download(), "decode_sum");
+        GZ_CUDA_CHECK(cudaStreamDestroy(stream));
+      }
+    }
+  }
+}
+
 // Exact top-k on the GPU is the K largest magnitudes, ties to the lower index,
 // checked against a sort (independent of the CPU loop), on data full of ties.
 TEST_F(CudaCodec, TopkIsTheKLargestBySort) {

@@ -39,8 +39,10 @@ def batch(step: int, rank: int) -> tuple:
 class Run:
     """A model, its DDP wrapper, optimizer and (optionally) a gradzip hook."""
 
-    def __init__(self, codec: Optional[str], bucket_mb: Optional[float] = SMALL_BUCKETS_MB, **state_kwargs: Any):
-        self.model = make_model()
+    def __init__(self, codec: Optional[str], bucket_mb: Optional[float] = SMALL_BUCKETS_MB,
+                 dtype: torch.dtype = torch.float32, **state_kwargs: Any):
+        self.dtype = dtype
+        self.model = make_model().to(dtype)  # a 16-bit model gives DDP buckets of its dtype
         kwargs = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}
         self.ddp = DDP(self.model, **kwargs)
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.1, momentum=0.9)
@@ -54,6 +56,7 @@ class Run:
         rank = dist.get_rank()
         for _ in range(steps):
             x, y = batch(self.step, rank)
+            x = x.to(self.dtype)
             self.opt.zero_grad()
             torch.nn.functional.cross_entropy(self.ddp(x), y).backward()
             self.opt.step()
@@ -75,6 +78,51 @@ class Run:
         self.step = ck["step"]
         if self.state is not None:
             self.state.load_state_dict(ck["hook"])
+
+
+def sixteen_bit_suite(rank: int, world: int, steps: int = 6) -> Dict[str, Any]:
+    """The hook on models kept in bfloat16 and float16 (buckets of that dtype)."""
+    out: Dict[str, Any] = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        name = str(dtype).replace("torch.", "")
+        plain = Run(None, dtype=dtype)
+        plain.train(steps)
+        reference = plain.flat().float()
+        hooked = Run("none", dtype=dtype)  # the dense path: torch's allreduce in the bucket's dtype, as DDP
+        hooked.train(steps)
+        out[f"none_equal/{name}"] = torch.equal(plain.flat(), hooked.flat())
+        out[f"none_stats/{name}"] = hooked.state.compression_stats()
+        for codec in ("onebit", "topk:density=0.01", "fp8", "onebit:ef=off"):
+            run = Run(codec, dtype=dtype)
+            run.train(steps)
+            flat = run.flat()
+            out[f"dtype/{name}/{codec}"] = str(flat.dtype)
+            out[f"identical/{name}/{codec}"] = same_on_all_ranks(flat)
+            out[f"finite/{name}/{codec}"] = bool(torch.isfinite(flat).all())
+            out[f"drift/{name}/{codec}"] = float((flat.float() - reference).norm() / reference.norm())
+            out[f"stats/{name}/{codec}"] = run.state.compression_stats()
+        # A checkpoint of a 16-bit model resumes bit-identically.
+        whole = Run("onebit", dtype=dtype)
+        whole.train(2 * steps)
+        first = Run("onebit", dtype=dtype)
+        first.train(steps)
+        blob = first.checkpoint()
+        resumed = Run("onebit", dtype=dtype)
+        resumed.restore(blob)
+        resumed.train(steps)
+        out[f"resume/{name}"] = torch.equal(whole.flat(), resumed.flat())
+        if gradzip.BUILD["ucx"]:
+            run = Run("onebit", dtype=dtype, transport="gradzip", algorithm="scatter_reduce")
+            run.train(steps)
+            out[f"gz/identical/{name}"] = same_on_all_ranks(run.flat())
+            out[f"gz/drift/{name}"] = float((run.flat().float() - reference).norm() / reference.norm())
+    # Ranks whose models differ in dtype fail on every rank, naming it.
+    try:
+        Run("onebit", dtype=torch.bfloat16 if rank == 0 else torch.float32).train(1)
+        out["mixed"] = "no error"
+    except gradzip.InvalidArgument as e:
+        out["mixed"] = str(e)
+    return out
 
 
 def digest(t: torch.Tensor) -> str:

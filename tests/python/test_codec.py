@@ -118,9 +118,9 @@ class TestErrors:
         with pytest.raises(ValueError, match="block"):
             gradzip.Codec("onebit:block=0")
 
-    @pytest.mark.parametrize("bad", [np.zeros(10, np.float64), np.zeros(10, np.int32), torch.zeros(10, dtype=torch.half)])
+    @pytest.mark.parametrize("bad", [np.zeros(10, np.float64), np.zeros(10, np.int32), torch.zeros(10, dtype=torch.int16)])
     def test_wrong_dtype(self, bad):
-        with pytest.raises(gradzip.InvalidArgument, match="grad must be float32"):
+        with pytest.raises(gradzip.InvalidArgument, match="grad must be float32, float16 or bfloat16"):
             self.codec.encode(bad, gradzip.ErrorFeedback())
 
     @pytest.mark.parametrize("bad", [np.zeros((10, 10), np.float32)[:, ::2], torch.zeros(10, 10).t()])
@@ -353,3 +353,38 @@ def test_cuda_device_mismatch_is_an_error():
     payload = codec.encode(torch.zeros(100), gradzip.ErrorFeedback())
     with pytest.raises(gradzip.InvalidArgument, match="same device"):
         codec.decode_accumulate(payload, torch.zeros(100, device="cuda"))
+
+
+# 16-bit gradients: the payload and residual of a float16 / bfloat16 gradient
+# are those of its float32 widening, and a 16-bit output gets the float sum
+# rounded once (torch's .to() rounds to nearest even the same way).
+@pytest.mark.parametrize("spec", ["onebit", "topk:density=0.05", "qsgd", "fp8", "bf16", "none", "onebit:ef=off",
+                                  "topk:density=0.05,ef=off"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, np.float16], ids=["bf16", "fp16", "np_fp16"])
+def test_16bit_gradients(spec, dtype):
+    codec = gradzip.Codec(spec)
+    n = 10007
+    base = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    base[::101] = torch.tensor([0.0, -0.0, 1e-7, 65504.0, -1e-30] * 20)[: len(base[::101])]
+    if dtype is np.float16:
+        g16 = base.numpy().astype(np.float16)
+        g32 = g16.astype(np.float32)
+    else:
+        g16 = base.to(dtype)
+        g32 = g16.float()
+    s16, s32 = gradzip.ErrorFeedback(), gradzip.ErrorFeedback()
+    p16 = codec.encode(g16, s16)
+    p32 = codec.encode(g32, s32)
+    assert bytes(np.asarray(p16)) == bytes(np.asarray(p32))
+    if codec.error_feedback:
+        assert np.asarray(s16.residual).dtype == np.float32
+        assert np.array_equal(np.asarray(s16.residual), np.asarray(s32.residual))
+    out16 = g16.copy() if dtype is np.float16 else g16.clone()
+    codec.decode_accumulate(p16, out16)
+    ref = g32.copy() if dtype is np.float16 else g32.clone()
+    codec.decode_accumulate(p32, ref)
+    if dtype is np.float16:
+        with np.errstate(over="ignore"):  # 65504 + a decoded value rounds to inf, as in gradzip
+            assert np.array_equal(out16.view(np.uint16), ref.astype(np.float16).view(np.uint16))
+    else:
+        assert torch.equal(out16.view(torch.int16), ref.to(dtype).view(torch.int16))

@@ -14,12 +14,15 @@ is how the ranks exchange what they learned:
                              without it, the hook's "auto"
     <gradzip spec>@bmuf:h=H  no DDP: block momentum (gradzip.torch.BlockMomentum), the
                              model update sent compressed every H steps (_digits_bmuf.py)
+    <DDP method>#bf16        the model kept in bfloat16 (#fp16: float16): parameters,
+                             gradients, DDP's buckets and the optimizer in that dtype,
+                             batches cast to it; e.g. fp32#bf16 (plain DDP), onebit#bf16
 
     python -m gradzip.experiments.digits --ranks 4 --seeds 0,1,2 --json out.json --markdown out.md
     gradzip-run -n 4 --link 100mbit -- python -m gradzip.experiments.digits --launched ...
 
 Bytes per step are this rank's: "payload" is the message a rank contributes
-(what the codec produced; fp32 = 4 bytes per parameter), "wire" what it puts
+(what the codec produced; fp32 = 4 bytes per parameter, 2 for a #bf16 model), "wire" what it puts
 on the network, modelled as a ring for torch's collectives (allreduce
 2(P-1)/P x message, all_gather (P-1) x message) and counted by gradzip's
 communicator for @gradzip and @bmuf. --eval-every records the accuracy of
@@ -145,7 +148,7 @@ def _setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
 
     ranks = dist.get_world_size()
     ddp = DDP(model)
-    fp32 = 4.0 * sum(p.numel() for p in model.parameters())
+    fp32 = float(sum(p.numel() * p.element_size() for p in model.parameters()))  # the dense bucket bytes
     ring = 2.0 * (ranks - 1) / ranks
     opt = torch.optim.SGD(ddp.parameters(), lr=settings.lr, momentum=settings.momentum)
     extra: Dict[str, Any] = {}
@@ -210,11 +213,16 @@ def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
 
     rank, ranks = dist.get_rank(), dist.get_world_size()
     x_train, x_test, y_train, y_test = data
-    x_train_t, y_train_t = torch.from_numpy(x_train), torch.from_numpy(y_train)
-    x_test_t = torch.from_numpy(x_test)
-    model = _model(settings.hidden, seed)
-    m = _family_setup(method)(method, model, seed, settings)
+    trained, _, model_dtype = method.partition("#")
+    if model_dtype not in ("", "bf16", "fp16"):
+        raise ValueError(f"method {method!r}: the model dtype suffix is #bf16 or #fp16, got #{model_dtype}")
+    dtype = {"": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[model_dtype]
+    x_train_t, y_train_t = torch.from_numpy(x_train).to(dtype), torch.from_numpy(y_train)
+    x_test_t = torch.from_numpy(x_test).to(dtype)
+    model = _model(settings.hidden, seed)  # initialised in float32, then rounded: the same start
     fp32 = 4.0 * sum(p.numel() for p in model.parameters())
+    model.to(dtype)
+    m = _family_setup(trained)(trained, model, seed, settings)
 
     def accuracy() -> float:
         with torch.no_grad(), m.shared_model():
@@ -259,7 +267,7 @@ def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
         extra["curve"] = curve
     # Every rank must hold the same model; a cheap check that stays in the table.
     with torch.no_grad(), m.shared_model():
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])  # exact for 16-bit
     everyone = [torch.empty_like(flat) for _ in range(ranks)]
     dist.all_gather(everyone, flat)
     extra["identical_on_all_ranks"] = all(torch.equal(everyone[0], e) for e in everyone)

@@ -6,8 +6,8 @@ warm-up runs an allreduce while the others run an all_gather (both hang until
 the process group's timeout), and payloads of different codecs or sizes
 abort inside the backend. So the first call compares, across the process
 group's ranks: the codec spec (error feedback included), warm-up steps, step
-(a checkpoint restored on some ranks only), transport, algorithm, and the
-layout of the bucket at hand. A mismatch raises :class:`gradzip.InvalidArgument`
+(a checkpoint restored on some ranks only), transport, algorithm, the
+gradient dtype, and the layout of the bucket at hand. A mismatch raises :class:`gradzip.InvalidArgument`
 on every rank, naming each differing setting and which ranks hold which
 value; a rank that never calls the hook makes the others raise
 :class:`gradzip.IoError` within ``GRADZIP_TIMEOUT_S``.
@@ -45,6 +45,7 @@ def _fields(state: Any, bucket: Any) -> List[Tuple[str, str]]:
         ("step", str(state.step)),
         ("transport", state.transport),
         ("algorithm", state.algorithm),
+        ("dtype", str(buffer.dtype).replace("torch.", "")),
         ("first bucket", f"#{bucket.index()}: {buffer.numel()} x {buffer.dtype} in {len(params)} parameters "
                          f"(shapes {shapes})"),
     ]

@@ -82,8 +82,8 @@ class Plan:
                 continue
             key = f"scratch{j}"
             x = self.cache.get(key)
-            if x is None or x.device != buffer.device:
-                x = self.cache[key] = torch.empty(seg.n, dtype=torch.float32, device=buffer.device)
+            if x is None or x.device != buffer.device or x.dtype != buffer.dtype:
+                x = self.cache[key] = torch.empty(seg.n, dtype=buffer.dtype, device=buffer.device)
             for bo, so, m in runs:
                 x[so:so + m].copy_(buffer[bo:bo + m])
             out.append(x)

@@ -77,7 +77,7 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -
                     sent += stats["wire_bytes"]  # every byte sent, node-local included
                 plan.scatter(inputs, buffer)
                 with worker.lock:
-                    state._count(buffer.numel() * 4, _payload_bytes(codec, parts), sent)
+                    state._count(buffer.numel() * buffer.element_size(), _payload_bytes(codec, parts), sent)
                 fut.set_result(buffer)
         except BaseException as e:  # the future carries it to DDP, and finish_step to the last hook call
             fut.set_exception(e)

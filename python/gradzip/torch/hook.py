@@ -136,15 +136,16 @@ class CompressionState:
 
         Returns a dict with:
             steps: steps counted.
-            dense_bytes_per_step: the fp32 gradient (4 bytes per element).
+            dense_bytes_per_step: the gradient as DDP holds it (4 bytes per element,
+                2 for a float16 or bfloat16 model).
             payload_bytes_per_step: what the codec produced (headers included;
-                the fp32 gradient on warm-up and ``none`` steps).
+                the dense gradient on warm-up and ``none`` steps).
             wire_bytes_per_step: what this rank sends to other ranks, as
                 the communicator counts it (payloads; on warm-up and ``none``
                 steps over torch's allreduce, modelled as a ring: 2(P-1)/P x
-                the fp32 bucket).
+                the dense bucket).
             ratio: dense / payload bytes.
-            wire_ratio: what a plain fp32 ring allreduce would send / wire bytes.
+            wire_ratio: what a plain ring allreduce of the bucket would send / wire bytes.
         """
         s = self._stats
         steps = max(s["steps"], 1)
@@ -280,6 +281,12 @@ def _new_stats() -> Dict[str, Any]:
     return {"steps": 0, "dense_bytes": 0, "payload_bytes": 0, "wire_bytes": 0.0}
 
 
+# Bucket dtypes the hook takes: a model kept in bfloat16 or float16 gives
+# buckets of that dtype. gradzip encodes them as their exact float32 widening,
+# keeps the residuals in float32 and rounds the average once into the bucket.
+_GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average the bucket's gradients across ranks,
     sending gradzip-compressed payloads.
@@ -290,8 +297,8 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
        ``_agreement.py``). A mismatch raises :class:`gradzip.InvalidArgument`
        on every rank instead of a hang.
     1. Before ``state.warmup_steps`` (and for the ``none`` codec over the
-       torch transport): divide by the world size and allreduce the fp32
-       bucket with torch, exactly as DDP does.
+       torch transport): divide by the world size and allreduce the bucket
+       with torch, in its dtype, exactly as DDP does.
     2. Otherwise hand the bucket to the state's worker thread, in DDP's
        bucket order, and return at once: the worker runs gradzip's
        compressed allreduce on it (pipelined encode, exchange and decode,
@@ -313,10 +320,9 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         >>> ddp_model.register_comm_hook(state, compression_hook)
     """
     buffer = bucket.buffer()
-    if buffer.dtype != torch.float32:
+    if buffer.dtype not in _GRAD_DTYPES:
         raise ValueError(
-            f"gradzip compresses float32 gradients; this bucket is {buffer.dtype} (keep the parameters "
-            f"in float32, e.g. with autocast, or use torch's fp16/bf16 hooks)")
+            f"gradzip compresses float32, float16 and bfloat16 gradients; this bucket is {buffer.dtype}")
     if not state._world_size:  # the first call: the process group exists now
         state._bind()
     if not state._agreed:  # first call: every rank checks the others' settings before taking a branch
@@ -339,7 +345,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
 def _allreduce_dense(state: CompressionState, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     """What DDP does without a hook: scale by 1/P (the same multiply), allreduce."""
     p = state._world_size
-    nbytes = buffer.numel() * 4
+    nbytes = buffer.numel() * buffer.element_size()
     state._count(nbytes, nbytes, nbytes * 2 * (p - 1) / p)
     buffer.mul_(1.0 / p)
     fut = dist.all_reduce(buffer, group=state.process_group, async_op=True).get_future()
