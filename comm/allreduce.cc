@@ -42,11 +42,30 @@ Algorithm parse_algorithm(std::string_view s) {
            "'; valid: auto, allgather, scatter_reduce, hierarchical");
 }
 
+CodecConfig server_codec_config(const CodecConfig& codec) {
+  if (codec.id != CodecId::OneBit) return codec;
+  CodecConfig s;
+  s.id = CodecId::Fp16;
+  s.ef = codec.ef;
+  return s;
+}
+
+double payload_bytes_per_element(const CodecConfig& codec) {
+  constexpr std::uint64_t kRef = std::uint64_t{1} << 20;
+  const std::uint64_t param = codec.id == CodecId::OneBit ? codec.block
+                              : codec.id == CodecId::TopK ? codec.topk_k(kRef)
+                                                          : 0;
+  return static_cast<double>(wire::body_bytes(codec.id, static_cast<std::uint32_t>(param), kRef)) /
+         static_cast<double>(kRef);
+}
+
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks) {
   if (requested != Algorithm::Auto) return requested;
   if (ranks <= 2) return Algorithm::Allgather;
-  if (codec.id == CodecId::TopK && ranks <= 16) return Algorithm::Allgather;
-  return Algorithm::ScatterReduce;
+  if (codec.id == CodecId::TopK) return ranks <= 16 ? Algorithm::Allgather : Algorithm::ScatterReduce;
+  // Bytes per rank: allgather (P-1) c, scatter_reduce (P-1)/P (c + s).
+  const double c = payload_bytes_per_element(codec), s = payload_bytes_per_element(server_codec_config(codec));
+  return ranks <= 1.0 + s / c ? Algorithm::Allgather : Algorithm::ScatterReduce;
 }
 
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const Topology& topology) {
@@ -104,9 +123,11 @@ void Run::agree_and_bind() {
   const CodecConfig& cfg = codec.config();
   const std::size_t segment = o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes;
   const std::string layout_of_nodes = algo == Algorithm::Hierarchical ? topo.describe() : "";
+  const CodecConfig& server = server_cfg;
   const bool same = st.agreed_ && st.agreed_context_ == ws.id_ && st.agreed_->codec == cfg && st.agreed_->n == o.n &&
                     st.agreed_->algorithm == algo && st.agreed_->op == o.op && st.agreed_->segment == segment &&
-                    st.agreed_->topology == layout_of_nodes && st.device_ == o.device && st.layout_ && !st.pending_;
+                    st.agreed_->topology == layout_of_nodes && st.agreed_->server == server &&
+                    st.device_ == o.device && st.layout_ && !st.pending_;
   if (same) return;  // the hot path: agreed before, nothing changed
 
   // The state must fit the call before we ask the others (a local error),
@@ -119,13 +140,14 @@ void Run::agree_and_bind() {
                      {"dtype", "float32"},
                      {"algorithm", to_string(algo)},
                      {"op", to_string(o.op)},
-                     {"segment_bytes", std::to_string(segment)}};
+                     {"segment_bytes", std::to_string(segment)},
+                     {"server_codec", server.canonical()}};
     if (algo == Algorithm::Hierarchical) fields.emplace_back("topology", layout_of_nodes);
     agree(*o.store, ws.agreements_++, me, P, fields, o.timeout);
     stats.agreed = true;
   }
   bind_state(std::move(layout));
-  st.agreed_ = AllreduceState::Agreed{cfg, o.n, algo, o.op, segment, layout_of_nodes};
+  st.agreed_ = AllreduceState::Agreed{cfg, o.n, algo, o.op, segment, layout_of_nodes, server};
   st.agreed_context_ = ws.id_;
 }
 
@@ -201,7 +223,8 @@ void Run::prepare_workspace() {
   // The codec's scratch, for the longest run it encodes or decodes at once.
   const std::size_t longest = std::min<std::size_t>(o.n, seg);
   std::size_t scratch = codec.workspace_bytes(longest, o.device);
-  if (ws.segment_codec_) scratch = std::max(scratch, ws.segment_codec_->workspace_bytes(longest, o.device));
+  for (const auto* made : {&ws.segment_codec_, &ws.server_codec_})  // laid out above, when a phase uses them
+    if (*made) scratch = std::max(scratch, (*made)->workspace_bytes(longest, o.device));
   ws.codec_ws_.reserve(scratch);
   exec = ExecContext{o.device, o.stream, ws.codec_ws_.data(), ws.codec_ws_.capacity()};
   if (o.device == Device::Cuda) {
@@ -237,7 +260,8 @@ AllreduceWorkspace::~AllreduceWorkspace() = default;
 
 std::size_t AllreduceWorkspace::comm_bytes_for(const Codec& codec, std::size_t n, int ranks, int rank,
                                                Algorithm algorithm, std::size_t segment_bytes,
-                                               const Topology* topology, Device device) {
+                                               const Topology* topology, Device device,
+                                               const std::optional<CodecConfig>& server_codec) {
   AllreduceWorkspace ws;
   AllreduceState st;
   AllreduceOptions o;
@@ -249,6 +273,7 @@ std::size_t AllreduceWorkspace::comm_bytes_for(const Codec& codec, std::size_t n
   o.device = device;
   o.segment_bytes = segment_bytes;
   o.topology = topology;
+  o.server_codec = server_codec;
   detail::Run run(o, ranks, rank, /*exact_sizes=*/true, /*device_memory=*/device == Device::Cuda);
   const auto [wire, local] = run.layout_bytes();
   return align_up(wire, kWorkspaceAlign) + align_up(local, kWorkspaceAlign);

@@ -44,10 +44,10 @@ void expect_floats(std::size_t received, std::size_t count, int rank) {
 void Run::flat(Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count,
                float scale_by, Carve& wire_carve, Carve& local) {
   if (a == Algorithm::Allgather) {
-    allgather(g, buf, residual, count, scale_by, wire_for(count), wire_carve);
+    allgather(g, buf, residual, count, scale_by, wire_for(count, false), wire_carve);
   } else {
     const std::size_t chunk = chunk_range(count, g.size(), 0).count;  // the largest
-    scatter_reduce(g, buf, residual, server, count, scale_by, wire_for(chunk), wire_carve, local);
+    scatter_reduce(g, buf, residual, server, count, scale_by, wire_for(chunk, true), wire_carve, local);
   }
 }
 
@@ -141,14 +141,16 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
 //      member j; this member receives every member's payload of its own
 //      chunk's segment s (slot area B; the own one is encoded there too).
 //   2. reduce: those P payloads are summed in member order into the chunk
-//      sum, which is encoded again with the server EF and sent to every
-//      member (area G).
+//      sum, which is encoded again, with the server codec (w.server:
+//      fp16 for onebit, else the codec itself; server_codec_config) and the
+//      server EF, and sent to every member (area G).
 //   3. gather: every member's payload of segment s of its chunk is decoded
 //      into the buffer (overwrite, scaled); the owner too decodes its own
 //      payload rather than keep its exact sum, so every rank gets the same
 //      bits.
 // Three stages, two segments in flight: scatter(s+1) and gather(s) run while
-// reduce and decode work. Traffic per rank: 2(P-1)/P payloads.
+// reduce and decode work. Traffic per rank: (P-1)/P payloads of the codec
+// plus (P-1)/P of the server codec (2(P-1)/P payloads when they are one).
 //
 // Raw (fp32 on the host): the same exchanges without payloads: chunks are
 // sent from the buffer, the owner sums the received floats into its chunk
@@ -166,11 +168,12 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
   const ChunkRange own = chunk(m);
   const std::size_t S = segment_count(chunk(0).count, w.seg);  // chunk 0 is the largest
   const std::size_t cap = w.raw ? 4 * w.seg : w.codec->max_payload_bytes(w.seg), sets = sets_for(S);
+  const std::size_t cap_g = w.raw ? cap : w.server->max_payload_bytes(w.seg);  // the chunk sums' payloads
   const bool scatter = half != Half::GatherOnly, gather = half != Half::ReduceOnly;
   // Raw needs room only for what it receives into a slot: the scatter's payloads.
   const Slots A(wire_carve, w.raw || !scatter ? 0 : sets, Pg, cap);
   const Slots B(wire_carve, scatter ? sets : 0, Pg, cap);
-  const Slots G(wire_carve, w.raw || !gather ? 0 : sets, Pg, cap);
+  const Slots G(wire_carve, w.raw || !gather ? 0 : sets, Pg, cap_g);
   float* sums = w.raw || half != Half::Both ? nullptr : local.add<float>(sets * w.seg);
   stats.segments = std::max(stats.segments, S);
   if (wire_carve.sizing()) return;
@@ -245,10 +248,10 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       const float* from = half == Half::Both ? sums + k * w.seg : buf + r.offset;
       float* ef = half == Half::Both && server ? server + (r.offset - own.offset) : nullptr;
       timer.begin();
-      const std::size_t bytes = w.codec->encode(from, ef, r.count, G.at(k, m), cap, exec);
+      const std::size_t bytes = w.server->encode(from, ef, r.count, G.at(k, m), cap_g, exec);
       timer.end(&stats.encode_s);
       received(2 + k, m) = bytes;
-      out = ConstSlice{G.at(k, m), send_size(bytes, cap)};
+      out = ConstSlice{G.at(k, m), send_size(bytes, cap_g)};
       before_send();
     }
     ws.sends_.clear();
@@ -257,7 +260,7 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       if (j == m) continue;
       const ChunkRange rj = seg_of(j, s);
       ws.sends_.push_back({g.ranks[j], out});
-      ws.recvs_.push_back({g.ranks[j], w.raw ? Slice{buf + rj.offset, 4 * rj.count} : Slice{G.at(k, j), cap},
+      ws.recvs_.push_back({g.ranks[j], w.raw ? Slice{buf + rj.offset, 4 * rj.count} : Slice{G.at(k, j), cap_g},
                            &received(2 + k, j)});
     }
     flights[2 + k] = start(ws.sends_, ws.recvs_);
@@ -277,8 +280,8 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
     for (std::size_t j = 0; j < Pg; ++j) {
       const ChunkRange r = seg_of(j, s);
       const std::size_t bytes =
-          j == m ? received(2 + k, m) : payload_size(G.at(k, j), received(2 + k, j), cap, *w.codec, r.count);
-      w.codec->decode(G.at(k, j), bytes, buf + r.offset, r.count, Combine{false, scale_by}, exec);
+          j == m ? received(2 + k, m) : payload_size(G.at(k, j), received(2 + k, j), cap_g, *w.server, r.count);
+      w.server->decode(G.at(k, j), bytes, buf + r.offset, r.count, Combine{false, scale_by}, exec);
     }
     timer.end(&stats.decode_s);
   };

@@ -110,6 +110,7 @@ void Communicator::allreduce(float* buffer, std::size_t n, Codec& codec, Allredu
   o.stream = call.stream;
   o.timeout = call.timeout.value_or(options_.timeout);
   o.segment_bytes = call.segment_bytes;
+  o.server_codec = call.server_codec;
   o.topology = &topology_;
   o.stats = call.stats;
   try {
