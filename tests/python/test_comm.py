@@ -53,6 +53,8 @@ def test_disagreeing_ranks_get_a_clear_error(suite):
 
 def test_bad_input_is_refused(suite):
     assert "float32" in suite[0]["bad_dtype"]
+    assert "valid codecs" in suite[0]["bad_server_codec/twobit"]
+    assert "server_codec must be" in suite[0]["bad_server_codec/3"]
 
 
 def test_from_env(suite):

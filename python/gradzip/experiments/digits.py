@@ -12,6 +12,8 @@ differs is how the gradient buckets are exchanged:
     <gradzip spec>@gradzip   the same over gradzip's own transport (transport="gradzip")
     <gradzip spec>/<algo>    with the hook's algorithm set (allgather, scatter_reduce);
                              without it, the hook's "auto"
+    <spec>/<algo>/<server>   and scatter_reduce's chunk sums re-encoded with <server>
+                             (e.g. onebit/scatter_reduce/onebit, the former default)
 
     python -m gradzip.experiments.digits --ranks 4 --seeds 0,1,2 --json out.json --markdown out.md
 
@@ -136,7 +138,9 @@ def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
     else:
         spec, _, transport = method.partition("@")
         spec, _, algorithm = spec.partition("/")
-        state = CompressionState(codec=spec, transport=transport or "torch", algorithm=algorithm or "auto")
+        algorithm, _, server = algorithm.partition("/")
+        state = CompressionState(codec=spec, transport=transport or "torch", algorithm=algorithm or "auto",
+                                 server_codec=server or None)
         ddp.register_comm_hook(state, compression_hook)
 
     opt = torch.optim.SGD(ddp.parameters(), lr=settings.lr, momentum=settings.momentum)
