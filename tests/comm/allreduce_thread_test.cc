@@ -288,14 +288,16 @@ TEST(Allreduce, SecondCallDoesNotAgreeOrAllocateAgain) {
   for (const auto& e : errors) EXPECT_EQ(e, nullptr) << what(e);
 }
 
+// Also scatter_reduce's server residual (onebit: of its fp16 chunk sums).
 TEST(AllreduceState, SaveRestoreContinuesBitIdentically) {
   const int P = 3;
   const std::size_t n = 1001;
+  for (const char* spec : {"topk:density=0.02", "onebit:block=64"})
   for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce}) {
     std::vector<std::uint64_t> straight(P), resumed(P);
     for (int mode = 0; mode < 2; ++mode) {
       const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
-        auto codec = make_codec("topk:density=0.02");
+        auto codec = make_codec(spec);
         AllreduceWorkspace ws;
         auto state = std::make_unique<AllreduceState>();
         std::vector<float> buf;
@@ -317,7 +319,7 @@ TEST(AllreduceState, SaveRestoreContinuesBitIdentically) {
       });
       for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
     }
-    EXPECT_EQ(straight, resumed) << to_string(a);
+    EXPECT_EQ(straight, resumed) << spec << " " << to_string(a);
   }
 }
 

@@ -19,6 +19,7 @@ struct Call {
   const Topology* topology = nullptr;
   std::optional<CodecConfig> server;  // AllreduceOptions::server_codec
   std::size_t segment_bytes = 0;
+  std::function<void(int rank, AllreduceOptions&)> adjust = {};  // per-rank changes
 };
 Call with(Algorithm a, const Topology* topology = nullptr) {
   Call c;
@@ -36,8 +37,10 @@ struct Steps {
 };
 
 // `steps` allreduces (sum) of `input` on P threads, one state each; every
-// rank must end every step with rank 0's bits.
-Steps run(int P, std::size_t n, const std::string& spec, const Call& call, int steps, const Input& input) {
+// rank must end every step with rank 0's bits. With `failures`, each rank's
+// error message lands there instead (empty: none).
+Steps run(int P, std::size_t n, const std::string& spec, const Call& call, int steps, const Input& input,
+          std::vector<std::string>* failures = nullptr) {
   Steps res;
   res.out.resize(static_cast<std::size_t>(steps));
   std::vector<std::vector<std::uint64_t>> prints(static_cast<std::size_t>(P), std::vector<std::uint64_t>(steps));
@@ -53,6 +56,7 @@ Steps run(int P, std::size_t n, const std::string& spec, const Call& call, int s
       o.buffer = buf.data(); o.n = n; o.algorithm = call.algorithm; o.topology = call.topology;
       o.server_codec = call.server; o.segment_bytes = call.segment_bytes; o.timeout = Timeout(20000);
       o.stats = &stats;
+      if (call.adjust) call.adjust(r, o);
       allreduce(o);
       prints[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)] = fingerprint(buf.data(), n);
       if (r == 0) res.out[static_cast<std::size_t>(s)] = std::move(buf);
@@ -60,6 +64,10 @@ Steps run(int P, std::size_t n, const std::string& spec, const Call& call, int s
     if (r == 0) res.last = stats;
   });
   for (int r = 0; r < P; ++r) {
+    if (failures) {
+      failures->push_back(what(errors[static_cast<std::size_t>(r)]));
+      continue;
+    }
     EXPECT_EQ(errors[static_cast<std::size_t>(r)], nullptr) << "rank " << r << ": " << what(errors[static_cast<std::size_t>(r)]);
     EXPECT_EQ(prints[static_cast<std::size_t>(r)], prints[0]) << "rank " << r << " differs from rank 0";
   }
@@ -165,56 +173,17 @@ TEST(ServerPhase, AutoPicksTheAlgorithmThatSendsFewerBytes) {
   }
 }
 
-// The server residual is the part of the chunk sums not yet sent, in their
-// units: a state saved under one server codec restores and continues
-// bit-identically, and ranks that disagree on the server codec fail naming it.
-TEST(ServerPhase, SaveRestoreContinuesBitIdentically) {
-  const int P = 3, steps = 8;
-  const std::size_t n = 1001;
-  std::vector<std::uint64_t> straight(P), resumed(P);
-  for (int mode = 0; mode < 2; ++mode) {
-    const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
-      auto codec = make_codec("onebit:block=64");
-      AllreduceWorkspace ws;
-      auto state = std::make_unique<AllreduceState>();
-      std::vector<float> buf;
-      for (int s = 0; s < steps; ++s) {
-        if (mode == 1 && s == steps / 2) {
-          const std::string saved = state->save();
-          state = std::make_unique<AllreduceState>();
-          state->restore(saved);
-        }
-        buf = make_input(r, n, s);
-        AllreduceOptions o;
-        o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = state.get();
-        o.buffer = buf.data(); o.n = n; o.algorithm = Algorithm::ScatterReduce; o.timeout = Timeout(20000);
-        allreduce(o);
-      }
-      (mode ? resumed : straight)[static_cast<std::size_t>(r)] = fingerprint(buf.data(), n);
-    });
-    for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
-  }
-  EXPECT_EQ(straight, resumed);
-}
-
+// Ranks that disagree on the server codec fail, every one naming it.
 TEST(ServerPhase, RanksThatDisagreeOnItFailNamingIt) {
-  const int P = 3;
-  const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
-    auto codec = make_codec("onebit");
-    AllreduceWorkspace ws;
-    AllreduceState state;
-    auto buf = make_input(r, 100);
-    AllreduceOptions o;
-    o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-    o.buffer = buf.data(); o.n = buf.size(); o.algorithm = Algorithm::ScatterReduce; o.timeout = Timeout(20000);
+  const std::size_t n = 100;
+  Call call = with(Algorithm::ScatterReduce);
+  call.adjust = [](int r, AllreduceOptions& o) {
     if (r == 2) o.server_codec = parse_spec("onebit:block=64");
-    allreduce(o);
-  });
-  for (int r = 0; r < P; ++r) {
-    const std::string m = what(errors[static_cast<std::size_t>(r)]);
-    EXPECT_NE(m.find("server_codec: ranks 0,1 'fp16'; rank 2 'onebit:block=64'"), std::string::npos)
-        << "rank " << r << ": " << m;
-  }
+  };
+  std::vector<std::string> failures;
+  run(3, n, "onebit", call, 1, [n](int r, int s) { return make_input(r, n, s); }, &failures);
+  for (const std::string& m : failures)
+    EXPECT_NE(m.find("server_codec: ranks 0,1 'fp16'; rank 2 'onebit:block=64'"), std::string::npos) << m;
 }
 
 }  // namespace
