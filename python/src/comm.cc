@@ -243,6 +243,11 @@ nb::object layout(const gz::AllreduceState& s) {
 }  // namespace
 
 void bind_comm(nb::module_& m) {
+  m.def("server_codec_spec",
+        [](std::string_view spec) { return gz::server_codec_config(gz::parse_spec(spec)).canonical(); },
+        nb::arg("spec"),
+        "The codec scatter_reduce re-encodes the chunk sums with by default, for codec `spec`:\n"
+        "fp16 for onebit, the codec itself otherwise (docs/comm.md, 'The server phase').");
   nb::class_<gz::AllreduceState>(
       m, "AllreduceState",
       "Error-feedback state of one buffer for Communicator.allreduce: the worker residual and, for\n"

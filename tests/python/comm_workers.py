@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import gradzip
 from dist_util import free_port
+from gradzip.experiments.two_phase import ScatterReduceModel
 
 
 def data(rank: int, step: int, n: int) -> np.ndarray:
@@ -51,32 +52,22 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
         out[f"identical/{spec}"] = gathered_equal(x)
         out[f"layout/{spec}"] = state.layout
 
-    # scatter_reduce is the documented two-phase algorithm, bit for bit: a
-    # NumPy model of it with gradzip.Codec (worker EF per chunk, the chunk sum
-    # re-encoded with the server codec and server EF, average = sum x 1/P)
-    # gives the same output: with the default server codec (fp16 for onebit)
-    # and with one given (onebit, the former default).
+    # scatter_reduce is the documented two-phase algorithm, bit for bit: the
+    # NumPy model of it with gradzip.Codec that gradzip.experiments.two_phase
+    # measures with (worker EF per chunk, the chunk sum re-encoded with the
+    # server codec and server EF, average = sum x 1/P) gives the same output:
+    # with the default server codec (fp16 for onebit) and with one given
+    # (onebit, the former default).
     same = []
-    for server_spec, server_arg in (("fp16", None), ("onebit", "onebit")):
-        codec, state, server_codec = gradzip.Codec("onebit"), gradzip.AllreduceState(), gradzip.Codec(server_spec)
-        worker = [[gradzip.ErrorFeedback() for _ in range(world)] for _ in range(world)]  # [rank][chunk]
-        server = [gradzip.ErrorFeedback() for _ in range(world)]
+    out["server_codec_spec/onebit"] = gradzip.server_codec_spec("onebit")
+    for server in (None, "onebit"):
+        codec, state = gradzip.Codec("onebit"), gradzip.AllreduceState()
+        model = ScatterReduceModel("onebit", world, server)
         for step in range(3):
             grads = [data(r, step, n) for r in range(world)]
             x = grads[rank].copy()
-            comm.allreduce(x, codec, state, op="avg", algorithm="scatter_reduce", server_codec=server_arg)
-            model = np.zeros(n, np.float32)
-            offset = 0
-            for j in range(world):
-                count = n // world + (1 if j < n % world else 0)
-                chunk_sum = np.zeros(count, np.float32)
-                for r in range(world):
-                    codec.decode_accumulate(codec.encode(grads[r][offset:offset + count].copy(), worker[r][j]),
-                                            chunk_sum)
-                decoded = server_codec.decode(server_codec.encode(chunk_sum, server[j]))
-                model[offset:offset + count] = decoded * np.float32(1.0 / world)
-                offset += count
-            same.append(bool(np.array_equal(model, x)))
+            comm.allreduce(x, codec, state, op="avg", algorithm="scatter_reduce", server_codec=server)
+            same.append(bool(np.array_equal(model(grads), x)))
     out["scatter_reduce_matches_model"] = all(same)
 
     # Save and restore: continues bit-identically.

@@ -317,6 +317,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="comma-separated methods (a part with '=' and no ':' continues a gradzip spec, "
                          "as in topk:density=0.01,ef=off); default: " + ",".join(DEFAULT_METHODS + GRADZIP_TRANSPORT_METHODS))
     ap.add_argument("--epochs", type=int, default=Settings.epochs)
+    ap.add_argument("--batch", type=int, default=Settings.batch_per_rank,
+                    help="samples per rank per step (8 ranks at 16 take the steps 4 ranks take at 32)")
     ap.add_argument("--json", help="write the per-run results and the summary here")
     ap.add_argument("--markdown", help="write the table here")
     ap.add_argument("--timeout", type=float, default=3600.0)
@@ -324,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     methods = default_methods() if args.methods is None else _split_methods(args.methods)
     seeds = [int(s) for s in args.seeds.split(",")]
-    settings = Settings(epochs=args.epochs)
+    settings = Settings(epochs=args.epochs, batch_per_rank=args.batch)
     results = run(methods, seeds, args.ranks, settings, args.timeout)
     rows = summarize(results)
     table = markdown(rows, args.ranks, settings)
