@@ -94,14 +94,15 @@ def _variants(spec: str, ranks: int) -> Dict[str, object]:
     }
 
 
-def measure(ranks: int = 4, seed: int = 0, spec: str = "onebit", lags: int = 12) -> List[Dict[str, object]]:
+def measure(ranks: int = 4, seed: int = 0, spec: str = "onebit", lags: int = 12,
+            epochs: Optional[int] = None) -> List[Dict[str, object]]:
     """One row per algorithm: h (lags 0..lags), gain, delay, noise, and the mean per-step
-    relative error ||out - g|| / ||g||."""
+    relative error ||out - g|| / ||g||. epochs: default digits' (40)."""
     import torch
 
     from .digits import Settings, _data, _model
 
-    settings = Settings()
+    settings = Settings() if epochs is None else Settings(epochs=epochs)
     x_train, _, y_train, _ = _data()
     xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train)
     torch.set_num_threads(1)
