@@ -285,7 +285,8 @@ struct AllreduceOptions {
   /// The codec scatter_reduce re-encodes the chunk sums with (also
   /// hierarchical's scatter_reduce across nodes); unset:
   /// server_codec_config(codec). Its ef key is ignored: the server phase has
-  /// error feedback when `codec` has. The same on every rank (agreed).
+  /// error feedback when `codec` has. The same on every rank (agreed). Codec
+  /// none takes only none (InvalidArgument).
   std::optional<CodecConfig> server_codec;
   AllreduceStats* stats = nullptr;      ///< [out] optional
 };

@@ -48,6 +48,10 @@ Run::Run(const AllreduceOptions& opt, int ranks, int rank, bool exact_sizes, boo
   seg = segment_elems(codec, raw);
   server_cfg = o.server_codec ? *o.server_codec : server_codec_config(codec.config());
   server_cfg.ef = codec.config().ef;
+  // none sums exact values (as floats on the host): nothing to re-encode.
+  if (codec.id() == CodecId::None && server_cfg.id != CodecId::None)
+    GZ_THROW(InvalidArgument, "codec none sends exact values; its chunk sums cannot go as server_codec '",
+             server_cfg.canonical(), "'");
   stats.algorithm = algo;
   timer.reset(o.stats != nullptr, o.device, o.stream);
 }

@@ -173,6 +173,15 @@ TEST(ServerPhase, AutoPicksTheAlgorithmThatSendsFewerBytes) {
   }
 }
 
+// A server codec for none (exact sums) is refused on every rank, before anything is sent.
+TEST(ServerPhase, NoneTakesNoOtherServerCodec) {
+  Call call = with(Algorithm::ScatterReduce);
+  call.server = parse_spec("fp16");
+  std::vector<std::string> failures;
+  run(2, 64, "none", call, 1, [](int r, int s) { return make_input(r, 64, s); }, &failures);
+  for (const std::string& m : failures) EXPECT_NE(m.find("codec none sends exact values"), std::string::npos) << m;
+}
+
 // Ranks that disagree on the server codec fail, every one naming it.
 TEST(ServerPhase, RanksThatDisagreeOnItFailNamingIt) {
   const std::size_t n = 100;
