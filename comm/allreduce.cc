@@ -47,9 +47,29 @@ Algorithm parse_algorithm(std::string_view s) {
            "'; valid: auto, allgather, scatter_reduce, hierarchical");
 }
 
+CodecConfig server_codec_config(const CodecConfig& codec) {
+  const std::string_view spec = codec.descriptor().server_spec;
+  if (spec.empty()) return codec;
+  CodecConfig s = parse_spec(spec);
+  s.ef = codec.ef && !s.descriptor().lossless;
+  return s;
+}
+
+double payload_bytes_per_element(const CodecConfig& codec) {
+  constexpr std::size_t kRef = std::size_t{1} << 20;
+  return static_cast<double>(make_codec(codec)->max_payload_bytes(kRef) - wire::kHeaderBytes) /
+         static_cast<double>(kRef);
+}
+
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks) {
   if (requested != Algorithm::Auto) return requested;
-  return prefers_allgather(codec.descriptor(), ranks) ? Algorithm::Allgather : Algorithm::ScatterReduce;
+  if (prefers_allgather(codec.descriptor(), ranks)) return Algorithm::Allgather;
+  // Bytes per rank: allgather (P-1) c, scatter_reduce (P-1)/P (c + s), s the
+  // server codec's (the codec itself unless its descriptor names one).
+  const CodecConfig server = server_codec_config(codec);
+  if (server == codec) return Algorithm::ScatterReduce;
+  const double c = payload_bytes_per_element(codec), s = payload_bytes_per_element(server);
+  return ranks <= 1.0 + s / c ? Algorithm::Allgather : Algorithm::ScatterReduce;
 }
 
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const Topology& topology) {
@@ -94,10 +114,11 @@ void Run::agree_and_bind() {
   const CodecConfig& cfg = codec.config();
   const std::size_t segment = o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes;
   const std::string layout_of_nodes = algo == Algorithm::Hierarchical ? topo.describe() : "";
+  const CodecConfig& server = server_cfg;
   const bool same = st.agreed_ && st.agreed_context_ == ws.id_ && st.agreed_->codec == cfg && st.agreed_->n == o.n &&
                     st.agreed_->algorithm == algo && st.agreed_->op == o.op && st.agreed_->dtype == o.dtype &&
-                    st.agreed_->segment == segment &&
-                    st.agreed_->topology == layout_of_nodes && st.device_ == o.device && st.layout_ && !st.pending_;
+                    st.agreed_->segment == segment && st.agreed_->topology == layout_of_nodes &&
+                    st.agreed_->server == server && st.device_ == o.device && st.layout_ && !st.pending_;
   if (same) return;  // the hot path: agreed before, nothing changed
 
   // The state must fit the call before we ask the others (a local error),
@@ -110,13 +131,14 @@ void Run::agree_and_bind() {
                      {"dtype", to_string(o.dtype)},
                      {"algorithm", to_string(algo)},
                      {"op", to_string(o.op)},
-                     {"segment_bytes", std::to_string(segment)}};
+                     {"segment_bytes", std::to_string(segment)},
+                     {"server_codec", server.canonical()}};
     if (algo == Algorithm::Hierarchical) fields.emplace_back("topology", layout_of_nodes);
     agree(*o.store, ws.agreements_++, me, P, fields, o.timeout);
     stats.agreed = true;
   }
   bind_state(std::move(layout));
-  st.agreed_ = AllreduceState::Agreed{cfg, o.n, algo, o.op, o.dtype, segment, layout_of_nodes};
+  st.agreed_ = AllreduceState::Agreed{cfg, o.n, algo, o.op, o.dtype, segment, layout_of_nodes, server};
   st.agreed_context_ = ws.id_;
 }
 
@@ -199,7 +221,8 @@ void Run::prepare_workspace() {
   // The codec's scratch, for the longest run it encodes or decodes at once.
   const std::size_t longest = std::min<std::size_t>(o.n, seg);
   std::size_t scratch = codec.workspace_bytes(longest, o.device);
-  if (ws.segment_codec_) scratch = std::max(scratch, ws.segment_codec_->workspace_bytes(longest, o.device));
+  for (const auto* made : {&ws.segment_codec_, &ws.server_codec_})  // laid out above, when a phase uses them
+    if (*made) scratch = std::max(scratch, (*made)->workspace_bytes(longest, o.device));
   ws.codec_ws_.reserve(scratch);
   exec = ExecContext{o.device, o.stream, ws.codec_ws_.data(), ws.codec_ws_.capacity()};
   if (o.device == Device::Cuda) {
@@ -258,7 +281,8 @@ double allreduce_error_bound(const CodecConfig& c) { return error_bound(c); }
 
 std::size_t AllreduceWorkspace::comm_bytes_for(const Codec& codec, std::size_t n, int ranks, int rank,
                                                Algorithm algorithm, std::size_t segment_bytes,
-                                               const Topology* topology, Device device) {
+                                               const Topology* topology, Device device,
+                                               const std::optional<CodecConfig>& server_codec) {
   AllreduceWorkspace ws;
   AllreduceState st;
   AllreduceOptions o;
@@ -270,6 +294,7 @@ std::size_t AllreduceWorkspace::comm_bytes_for(const Codec& codec, std::size_t n
   o.device = device;
   o.segment_bytes = segment_bytes;
   o.topology = topology;
+  o.server_codec = server_codec;
   detail::Run run(o, ranks, rank, /*exact_sizes=*/true, /*device_memory=*/device == Device::Cuda);
   const auto [wire, local] = run.layout_bytes();
   return align_up(wire, kWorkspaceAlign) + align_up(local, kWorkspaceAlign);

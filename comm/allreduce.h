@@ -68,7 +68,8 @@ struct Run;
 enum class ReduceOp : std::uint8_t { Sum = 0, Average = 1 };
 
 /// Allgather: every rank's whole payload to every rank. ScatterReduce:
-/// compressed reduce-scatter, then a compressed allgather of the chunk sums.
+/// compressed reduce-scatter, then an allgather of the chunk sums re-encoded
+/// with the server codec (server_codec_config()).
 /// Hierarchical: fp32 reduce-scatter inside each node, a compressed allreduce
 /// of each shard across the nodes, fp32 allgather inside each node.
 /// Auto: see resolve_algorithm().
@@ -81,14 +82,34 @@ ReduceOp parse_reduce_op(std::string_view s);
 /// "auto" | "allgather" | "scatter_reduce" | "hierarchical"; throws InvalidArgument.
 Algorithm parse_algorithm(std::string_view s);
 
-/// What Auto runs for `codec` on `ranks` ranks:
-///   - allgather when ranks <= 2: the same bytes as scatter_reduce (each rank
-///     sends one payload of the whole buffer), one round instead of two, and
-///     one compression instead of two;
-///   - allgather for top-k up to 16 ranks: its payloads are small, and
+/// The codec scatter_reduce re-encodes the chunk sums with (its second,
+/// "server" phase) when AllreduceOptions::server_codec is unset:
+///   - onebit: fp16. A chunk sum is compressed once, for every rank, so its
+///     error is not averaged over the ranks as the first phase's is, and its
+///     error feedback holds part of every step's sum back for later steps:
+///     a onebit server phase delays the gradient and cost 3 points of
+///     accuracy on digits at 4 ranks, 19 at 8 (docs/comm.md, "The server
+///     phase"). fp16 adds only its rounding (error feedback carries it).
+///   - every other codec: itself (top-k k=K: per segment as the first phase).
+/// The error feedback follows the codec's (ef=off: none in either phase).
+CodecConfig server_codec_config(const CodecConfig& codec);
+
+/// Payload bytes per element of a long run of `codec` (headers aside);
+/// top-k: at its density.
+double payload_bytes_per_element(const CodecConfig& codec);
+
+/// What Auto runs for `codec` on `ranks` ranks: the algorithm that sends
+/// fewer bytes per rank, allgather (P-1) payloads of c bytes per element,
+/// scatter_reduce (P-1)/P x (c + s), s the server codec's; so allgather while
+/// P <= 1 + s/c (ties: allgather, one round and one compression):
+///   - allgather when ranks <= 2 (s = c for every codec's own server phase);
+///   - onebit (block 512: c = 0.14, s = fp16's 2): allgather up to 15 ranks;
+///   - top-k: allgather up to 16 ranks: its payloads are small, and
 ///     re-sparsifying a chunk sum (scatter_reduce's second compression) drops
 ///     what the first kept;
 ///   - scatter_reduce otherwise: 2(P-1)/P payloads per rank instead of P-1.
+/// The rule uses the default server codec (server_codec_config), not
+/// AllreduceOptions::server_codec.
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks);
 /// The same with the ranks' nodes known: Auto runs hierarchical when there are
 /// several nodes of the same size, several ranks each (the local traffic then
@@ -135,7 +156,9 @@ struct AllreduceStats {
 
 /// Error-feedback state of one gradient buffer: the worker residual (n
 /// floats; hierarchical: this rank's shard) and, for scatter_reduce, the
-/// server residual of this rank's chunk.
+/// server residual of this rank's chunk (what the server codec has not yet
+/// sent of the chunk sums, in the sums' units: any server codec can carry it
+/// on, so it is not part of the layout).
 /// Created as zeros on first use, in the buffer's memory (host or CUDA);
 /// persistent across calls; bound from then on to one layout (codec spec, n,
 /// rank, world size, algorithm). save()/restore() carry it across a
@@ -192,6 +215,7 @@ class AllreduceState {
     Dtype dtype = Dtype::Float32;
     std::size_t segment = 0;
     std::string topology;
+    CodecConfig server;
   };
   std::optional<Agreed> agreed_;
   std::uint64_t agreed_context_ = 0;  // which workspace/transport agreed
@@ -221,7 +245,8 @@ class AllreduceWorkspace {
   /// floats themselves (no copy), so only the receives need slots.
   static std::size_t comm_bytes_for(const Codec& codec, std::size_t n, int ranks, int rank, Algorithm algorithm,
                                     std::size_t segment_bytes = 0, const Topology* topology = nullptr,
-                                    Device device = Device::Cpu);
+                                    Device device = Device::Cpu,
+                                    const std::optional<CodecConfig>& server_codec = std::nullopt);
 
  private:
   friend struct detail::Run;
@@ -236,6 +261,7 @@ class AllreduceWorkspace {
   // rate (K / n), as this codec (docs/comm.md). Made on first use.
   std::unique_ptr<Codec> segment_codec_;
   std::unique_ptr<Codec> none_codec_;  // hierarchical on a device: the node's fp32 payloads
+  std::unique_ptr<Codec> server_codec_;  // scatter_reduce's chunk sums, when not the first phase's codec
   // Per-call tables, sized once per world size: the ops of one exchange, the
   // bytes received per slot (one row per segment in flight), payloads and
   // inputs of one sum.
@@ -267,6 +293,12 @@ struct AllreduceOptions {
   /// The ranks' nodes (Hierarchical, and Auto's choice); null: every rank a
   /// node of its own. The same on every rank (Communicator discovers it).
   const Topology* topology = nullptr;
+  /// The codec scatter_reduce re-encodes the chunk sums with (also
+  /// hierarchical's scatter_reduce across nodes); unset:
+  /// server_codec_config(codec). Its ef key is ignored: the server phase has
+  /// error feedback when `codec` has. The same on every rank (agreed). Codec
+  /// none takes only none (InvalidArgument).
+  std::optional<CodecConfig> server_codec;
   AllreduceStats* stats = nullptr;      ///< [out] optional
 };
 

@@ -60,7 +60,8 @@ void Run::sum_segment(const Group& g, const Wire& w, const Slots& slots, std::si
 
 Wire Run::flat_wire(Algorithm a, int members, std::size_t unit_count) {
   // allgather encodes the whole run; scatter_reduce its chunks, the first the largest.
-  return wire_for(a == Algorithm::Allgather ? unit_count : chunk_range(unit_count, members, 0).count);
+  return a == Algorithm::Allgather ? wire_for(unit_count, false)
+                                   : wire_for(chunk_range(unit_count, members, 0).count, true);
 }
 
 std::size_t Run::flat_segments(Algorithm a, int members, std::size_t count, std::size_t seg) {
@@ -76,8 +77,8 @@ void Run::flat(Algorithm a, const Group& g, float* buf, float* residual, float* 
     scatter_reduce(g, buf, residual, server, count, scale_by, w, wire_carve, local, Half::Both, keep);
 }
 
-std::size_t Run::kept_size(const Wire& w, const std::byte* slot, std::size_t count, std::size_t cap) const {
-  if (!varies) return w.codec->max_payload_bytes(count);  // fixed-size payloads
+std::size_t Run::kept_size(const Codec& c, const std::byte* slot, std::size_t count, std::size_t cap) const {
+  if (!payload_size_varies(c)) return c.max_payload_bytes(count);  // fixed-size payloads
   std::byte head[wire::kHeaderBytes];  // the sender's header says
   mem::to_host(head, slot, sizeof head, o.device, o.stream);
   std::uint64_t body = 0;
@@ -88,20 +89,21 @@ std::size_t Run::kept_size(const Wire& w, const std::byte* slot, std::size_t cou
 void Run::decode_kept(Algorithm a, int members, const Wire& w, const Slots& kept, std::size_t count, float* buf,
                       float scale_by) {
   const auto N = static_cast<std::size_t>(members);
-  const std::size_t cap = w.codec->max_payload_bytes(w.seg);
+  Codec& kc = *w.kept(a);
+  const std::size_t cap = kc.max_payload_bytes(w.seg);
   const std::size_t S = flat_segments(a, members, count, w.seg);
   timer.begin();
   for (std::size_t s = 0; s < S; ++s) {
     if (a == Algorithm::Allgather) {  // allgather's sum of every member's payload
       const ChunkRange r = segment(count, w.seg, s);
       ws.payloads_.clear();
-      for (std::size_t j = 0; j < N; ++j) ws.payloads_.push_back({kept.at(s, j), kept_size(w, kept.at(s, j), r.count, cap)});
-      w.codec->decode_sum(ws.payloads_, buf + r.offset, r.count, scale_by, exec);
+      for (std::size_t j = 0; j < N; ++j) ws.payloads_.push_back({kept.at(s, j), kept_size(kc, kept.at(s, j), r.count, cap)});
+      kc.decode_sum(ws.payloads_, buf + r.offset, r.count, scale_by, exec);
     } else {  // scatter_reduce's gather: each chunk's payload into its place
       for (std::size_t j = 0; j < N; ++j) {
         const ChunkRange c = chunk_range(count, members, static_cast<int>(j)), r = segment(c.count, w.seg, s);
-        const PayloadRef p{kept.at(s, j), kept_size(w, kept.at(s, j), r.count, cap)};
-        w.codec->decode_sum(std::span(&p, 1), buf + c.offset + r.offset, r.count, scale_by, exec);
+        const PayloadRef p{kept.at(s, j), kept_size(kc, kept.at(s, j), r.count, cap)};
+        kc.decode_sum(std::span(&p, 1), buf + c.offset + r.offset, r.count, scale_by, exec);
       }
     }
   }
@@ -186,14 +188,16 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
 //      member j; this member receives every member's payload of its own
 //      chunk's segment s (slot area B; the own one is encoded there too).
 //   2. reduce: those P payloads are summed in member order into the chunk
-//      sum, which is encoded again with the server EF and sent to every
-//      member (area G).
+//      sum, which is encoded again, with the server codec (w.server:
+//      fp16 for onebit, else the codec itself; server_codec_config) and the
+//      server EF, and sent to every member (area G).
 //   3. gather: every member's payload of segment s of its chunk is decoded
 //      into the buffer (overwrite, scaled); the owner too decodes its own
 //      payload rather than keep its exact sum, so every rank gets the same
 //      bits.
 // Three stages, two segments in flight: scatter(s+1) and gather(s) run while
-// reduce and decode work. Traffic per rank: 2(P-1)/P payloads.
+// reduce and decode work. Traffic per rank: (P-1)/P payloads of the codec
+// plus (P-1)/P of the server codec (2(P-1)/P payloads when they are one).
 //
 // Raw (fp32 on the host): the same exchanges without payloads: chunks are
 // sent from the buffer, the owner sums the received floats into its chunk
@@ -211,12 +215,13 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
   const ChunkRange own = chunk(m);
   const std::size_t S = segment_count(chunk(0).count, w.seg);  // chunk 0 is the largest
   const std::size_t cap = w.raw ? 4 * w.seg : w.codec->max_payload_bytes(w.seg), sets = sets_for(S);
+  const std::size_t cap_g = w.raw ? cap : w.server->max_payload_bytes(w.seg);  // the chunk sums' payloads
   const bool scatter = half != Half::GatherOnly, gather = half != Half::ReduceOnly;
   // Raw needs room only for what it receives into a slot: the scatter's payloads.
   const Slots A(wire_carve, w.raw || !scatter ? 0 : sets, Pg, cap);
   const Slots B(wire_carve, scatter ? sets : 0, Pg, cap);
   // The gather's slots: two sets reused by parity; or, to keep them, one per segment.
-  const Slots G(wire_carve, w.raw || !gather ? 0 : keep ? S : sets, Pg, cap);
+  const Slots G(wire_carve, w.raw || !gather ? 0 : keep ? S : sets, Pg, cap_g);
   if (keep) *keep = G;
   auto gset = [&](std::size_t s) { return keep ? s : s % 2; };
   float* sums = w.raw || half != Half::Both ? nullptr : local.add<float>(sets * w.seg);
@@ -280,10 +285,10 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       const float* from = half == Half::Both ? sums + k * w.seg : buf + r.offset;
       float* ef = half == Half::Both && server ? server + (r.offset - own.offset) : nullptr;
       timer.begin();
-      const std::size_t bytes = w.codec->encode(from, ef, r.count, G.at(gset(s), m), cap, exec);
+      const std::size_t bytes = w.server->encode(from, ef, r.count, G.at(gset(s), m), cap_g, exec);
       timer.end(&stats.encode_s);
       received(2 + k, m) = bytes;
-      out = ConstSlice{G.at(gset(s), m), send_size(bytes, cap)};
+      out = ConstSlice{G.at(gset(s), m), send_size(bytes, cap_g)};
       before_send();
     }
     ws.sends_.clear();
@@ -292,7 +297,7 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       if (j == m) continue;
       const ChunkRange rj = seg_of(j, s);
       ws.sends_.push_back({g.ranks[j], out});
-      ws.recvs_.push_back({g.ranks[j], w.raw ? Slice{buf + rj.offset, 4 * rj.count} : Slice{G.at(gset(s), j), cap},
+      ws.recvs_.push_back({g.ranks[j], w.raw ? Slice{buf + rj.offset, 4 * rj.count} : Slice{G.at(gset(s), j), cap_g},
                            &received(2 + k, j)});
     }
     flights[2 + k] = start(ws.sends_, ws.recvs_);
@@ -312,8 +317,8 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
     for (std::size_t j = 0; j < Pg; ++j) {
       const ChunkRange r = seg_of(j, s);
       std::byte* slot = G.at(gset(s), j);
-      const PayloadRef p{slot, j == m ? received(2 + k, m) : payload_size(slot, received(2 + k, j), cap, *w.codec, r.count)};
-      w.codec->decode_sum(std::span(&p, 1), buf + r.offset, r.count, scale_by, exec);  // overwrite, scaled
+      const PayloadRef p{slot, j == m ? received(2 + k, m) : payload_size(slot, received(2 + k, j), cap_g, *w.server, r.count)};
+      w.server->decode_sum(std::span(&p, 1), buf + r.offset, r.count, scale_by, exec);  // overwrite, scaled
     }
     timer.end(&stats.decode_s);
   };

@@ -86,7 +86,7 @@ void Run::share_with_node(const Group& node, Algorithm inner, int N, const Slots
                           Carve& wire_carve) {
   const auto L = static_cast<std::size_t>(node.size()), m = static_cast<std::size_t>(node.me);
   const Wire w = flat_wire(inner, N, largest_shard);  // what every member's step 2 used
-  const std::size_t cap = w.codec->max_payload_bytes(w.seg);
+  const std::size_t cap = w.kept(inner)->max_payload_bytes(w.seg);
   auto shard_of = [&](std::size_t l) { return chunk_range(o.n, static_cast<int>(L), static_cast<int>(l)); };
   auto segments_of = [&](std::size_t l) { return flat_segments(inner, N, shard_of(l).count, w.seg); };
   // Kept payloads lie [segment][member], slots of one stride, in one piece.

@@ -11,8 +11,6 @@
 
 namespace gz::detail {
 
-bool payload_size_varies(const Codec& c);  // allreduce.cc
-
 namespace {
 
 // The default cut (o.segment_bytes == 0): at least this many segments per
@@ -41,12 +39,17 @@ Run::Run(const AllreduceOptions& opt, int ranks, int rank, bool exact_sizes, boo
       P(ranks),
       me(rank),
       exact(exact_sizes),
-      varies(payload_size_varies(*opt.codec)),
       device_memory(transport_device_memory) {
   topo = o.topology ? *o.topology : Topology::flat(P);
   algo = resolve_algorithm(o.algorithm, codec.config(), topo);
   raw = codec.descriptor().lossless && o.device == Device::Cpu;
   seg = segment_elems(codec, raw);
+  server_cfg = o.server_codec ? *o.server_codec : server_codec_config(codec.config());
+  server_cfg.ef = codec.config().ef && !server_cfg.descriptor().lossless;
+  // none sums exact values (as floats on the host): nothing to re-encode.
+  if (codec.descriptor().lossless && !(server_cfg == codec.config()))
+    GZ_THROW(InvalidArgument, "codec none sends exact values; its chunk sums cannot go as server_codec '",
+             server_cfg.canonical(), "'");
   stats.algorithm = algo;
   timer.reset(o.stats != nullptr, o.device, o.stream);
 }
@@ -81,7 +84,7 @@ std::size_t Run::segment_elems(const Codec& c, bool raw_floats) const {
   return static_cast<std::size_t>(std::clamp(units, 1.0, 1e12 / static_cast<double>(unit))) * unit;
 }
 
-Wire Run::wire_for(std::size_t unit) {
+Wire Run::wire_for(std::size_t unit, bool two_phase) {
   // No segment longer than the run it cuts (slots and sums are sized by it).
   // By default also at least kMinSegments of them, unless that makes them
   // shorter than kMinSegmentElems: a well compressed payload of a large
@@ -92,25 +95,36 @@ Wire Run::wire_for(std::size_t unit) {
       seg_elems = std::min(seg_elems, std::max(kMinSegmentElems, (unit + kMinSegments - 1) / kMinSegments));
     return std::min(align_up(seg_elems, granule), std::max(granule, align_up(unit, granule)));
   };
-  if (raw) return Wire{nullptr, true, fit(segment_elems(codec, true), 64)};
-  Codec* c = &codec;
-  const CodecConfig& cfg = codec.config();
-  CodecConfig d;
-  const auto per_segment = codec.descriptor().segment_config;
-  if (per_segment && unit > 0 && per_segment(cfg, unit, &d)) {
-    if (!ws.segment_codec_ || !(ws.segment_codec_->config() == d)) ws.segment_codec_ = make_codec(d);
-    c = ws.segment_codec_.get();
+  if (raw) return Wire{nullptr, nullptr, true, fit(segment_elems(codec, true), 64)};
+  // The codec of a segment, where the descriptor says it differs from the
+  // whole run's (top-k k=K: every segment keeps the share K / unit).
+  auto per_segment = [&](const CodecConfig& cfg, std::unique_ptr<Codec>& made) -> Codec* {
+    CodecConfig d = cfg;
+    const auto segment_config = cfg.descriptor().segment_config;
+    if (segment_config && unit > 0 && !segment_config(cfg, unit, &d)) d = cfg;
+    if (d == codec.config()) return &codec;
+    if (!made || !(made->config() == d)) made = make_codec(d);
+    return made.get();
+  };
+  Codec* c = per_segment(codec.config(), ws.segment_codec_);
+  Codec* server = !two_phase || server_cfg == codec.config() ? nullptr : per_segment(server_cfg, ws.server_codec_);
+  // Segments of about segment_bytes of the larger of the two payloads, on
+  // whole blocks of both.
+  std::size_t seg_elems = segment_elems(*c, false), granule = segment_granule(*c);
+  if (server) {
+    seg_elems = std::min(seg_elems, segment_elems(*server, false));
+    granule = std::lcm(granule, segment_granule(*server));
   }
-  const std::size_t seg_elems = fit(segment_elems(*c, false), segment_granule(*c));
+  seg_elems = fit(seg_elems, granule);
   if (seg_elems >= unit) c = &codec;  // one segment: exactly the unsegmented call
-  return Wire{c, false, seg_elems};
+  return Wire{c, server ? server : c, false, seg_elems};
 }
 
 Wire Run::fp32_wire(std::size_t unit) {
-  if (raw) return wire_for(unit);
+  if (raw) return wire_for(unit, false);
   if (!ws.none_codec_) ws.none_codec_ = make_codec("none");
   const std::size_t seg_elems = std::min(segment_elems(*ws.none_codec_, false), std::max<std::size_t>(64, align_up(unit, 64)));
-  return Wire{ws.none_codec_.get(), false, seg_elems};  // fp32 segments are long on the wire already
+  return Wire{ws.none_codec_.get(), ws.none_codec_.get(), false, seg_elems};  // fp32 segments are long on the wire already
 }
 
 Flight Run::start(std::span<const SendOp> sends, std::span<const RecvOp> recvs) {
@@ -162,7 +176,7 @@ std::size_t Run::payload_size(const std::byte* slot, std::size_t received, std::
   // The sender sent its whole slot. A fixed-size payload's size follows from
   // its count (a segment may be shorter than the slot was sized for: the
   // last one, a smaller chunk); otherwise the header says.
-  if (!varies) return c.max_payload_bytes(count);
+  if (!payload_size_varies(c)) return c.max_payload_bytes(count);
   std::byte head[wire::kHeaderBytes];
   mem::to_host(head, slot, sizeof head, o.device, o.stream);
   std::uint64_t body = 0;

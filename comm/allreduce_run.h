@@ -62,10 +62,18 @@ struct Flight {
 /// What a phase writes its result with: the codec's payloads, or (codec none
 /// on host buffers) the floats themselves, sent from and received into the
 /// buffer without a copy.
+/// Whether this codec's payloads differ in size for the same count (allreduce.cc).
+bool payload_size_varies(const Codec& c);
+
 struct Wire {
   Codec* codec = nullptr;  ///< the codec of the phase's segments (may differ from the user's: top-k k=K)
+  Codec* server = nullptr; ///< scatter_reduce: the codec of the chunk sums' segments (may be `codec`)
   bool raw = false;
   std::size_t seg = 1;     ///< elements per segment
+
+  /// The codec of the payloads a flat algorithm's last step leaves (what
+  /// hierarchical keeps and shares): allgather's, or scatter_reduce's chunk sums.
+  Codec* kept(Algorithm a) const { return a == Algorithm::ScatterReduce ? server : codec; }
 };
 
 /// Which halves of scatter_reduce a phase runs (hierarchical runs them apart).
@@ -82,6 +90,7 @@ struct Run {
   Algorithm algo = Algorithm::Auto;
   Topology topo;           // o.topology or flat
   std::size_t seg = 0;     // elements per segment (the user codec's; phases may refine)
+  CodecConfig server_cfg;  // the chunk sums' codec: o.server_codec or the default, ef as the codec's
   bool raw = false;        // codec none on host buffers: no payloads
   float* floats = nullptr;  // the float buffer the algorithms run on: o.buffer, or its widened copy
   CallContext call;           // the caller's buffers (synchronize)
@@ -90,7 +99,6 @@ struct Run {
   AllreduceStats stats;
   PhaseTimer timer;
   bool exact;          // the transport reports received sizes; else send whole slots
-  bool varies;
   bool device_memory;  // the transport takes device buffers (NCCL)
   std::vector<std::pair<Clock::time_point, Clock::time_point>> busy;  // flights' [start, end]
 
@@ -145,7 +153,7 @@ struct Run {
   void decode_kept(Algorithm a, int members, const Wire& w, const Slots& kept, std::size_t count, float* buf,
                    float scale);
   /// Bytes of a kept payload of a segment of `count` elements at `slot`.
-  std::size_t kept_size(const Wire& w, const std::byte* slot, std::size_t count, std::size_t cap) const;
+  std::size_t kept_size(const Codec& c, const std::byte* slot, std::size_t count, std::size_t cap) const;
 
   // allreduce_hierarchical.cc
   void hierarchical(Carve& wire_carve, Carve& local);
@@ -155,10 +163,12 @@ struct Run {
   // Shared pieces.
   /// How a phase cuts a run of `unit` elements (the length the unsegmented
   /// call would encode: the buffer, or the largest chunk): the segment length
-  /// (o.segment_bytes of payload, whole blocks, no longer than the run) and
-  /// the codec of a segment: the user's, or for top-k k=K one that keeps
-  /// K/unit of each segment.
-  Wire wire_for(std::size_t unit);
+  /// (o.segment_bytes of payload of the larger of the two codecs, whole
+  /// blocks of both, no longer than the run) and the codecs of a segment: the
+  /// user's, or for top-k k=K one that keeps K/unit of each segment; and the
+  /// server codec's, the same way (two_phase: scatter_reduce; else the
+  /// server is `codec` and plays no part).
+  Wire wire_for(std::size_t unit, bool two_phase);
   /// The same for uncompressed traffic (hierarchical inside a node): raw
   /// floats on the host, the none codec's payloads on a device.
   Wire fp32_wire(std::size_t unit);

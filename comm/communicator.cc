@@ -162,6 +162,7 @@ void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& co
   o.stream = call.stream;
   o.timeout = call.timeout.value_or(options_.timeout);
   o.segment_bytes = call.segment_bytes;
+  o.server_codec = call.server_codec;
   o.topology = &topology_;
   o.stats = call.stats;
   try {

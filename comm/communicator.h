@@ -50,6 +50,7 @@ struct AllreduceCall {
   Stream stream = nullptr;
   std::optional<Timeout> timeout;    ///< default: the communicator's
   std::size_t segment_bytes = 0;     ///< payload bytes per pipeline segment (0: the default)
+  std::optional<CodecConfig> server_codec;  ///< scatter_reduce's chunk sums (unset: server_codec_config)
   AllreduceStats* stats = nullptr;   ///< [out] optional
 };
 

@@ -75,6 +75,11 @@ struct CodecDescriptor {
   /// against the exact sum (gradzip-bench checks every row against it).
   double (*error_bound)(const CodecConfig&) = nullptr;
   AlgorithmHint hint = {};
+  /// The spec scatter_reduce re-encodes the chunk sums with (its second,
+  /// "server" phase), when not the codec itself: a chunk sum is compressed
+  /// once for every rank, so its error is not averaged over the ranks as the
+  /// first phase's is (comm/allreduce.h, server_codec_config). Empty: itself.
+  std::string_view server_spec = {};
   /// Segments of a pipelined allreduce hold a whole multiple of this many
   /// elements, so that segmenting changes no bit (onebit: its block).
   /// nullptr: any length.

@@ -177,9 +177,12 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
 
   // The workspace: what the call laid out (its segments' slots and sums),
   // and the bound docs/comm.md promises: (P + 1) payloads of the whole buffer
-  // + n/P floats, plus 6P slots of a segment (3 per member per segment in
-  // flight) and two segments' sums, plus the codec's scratch.
-  const std::size_t C = codec->max_payload_bytes(n), P_ = static_cast<std::size_t>(m.P);
+  // (of the larger of the codec and its server codec) + n/P floats, plus 6P
+  // slots of a segment (3 per member per segment in flight) and two
+  // segments' sums, plus the codec's scratch.
+  const std::size_t C = std::max(codec->max_payload_bytes(n),
+                                 make_codec(server_codec_config(codec->config()))->max_payload_bytes(n));
+  const std::size_t P_ = static_cast<std::size_t>(m.P);
   const std::size_t segment = (m.o.segment_bytes ? m.o.segment_bytes : kDefaultSegmentBytes) + 256;
   const std::size_t codec_ws = codec->workspace_bytes(n, m.o.device);  // at most: segments are shorter
   row.workspace_bytes = AllreduceWorkspace::comm_bytes_for(*codec, n, m.P, m.me, row.algorithm, m.o.segment_bytes,

@@ -35,6 +35,7 @@ from ._core import (
 from .codec import Codec, ErrorFeedback
 
 if BUILD["comm"]:  # gradzip's own transports
+    from ._core import server_codec_spec
     from .comm import AllreduceState, Communicator
 
 # Created in C++ under gradzip._core; shown as gradzip.<name> in tracebacks.
@@ -61,4 +62,4 @@ __all__ = [
     "split_spec_list",
 ]
 if BUILD["comm"]:
-    __all__ += ["AllreduceState", "Communicator"]
+    __all__ += ["AllreduceState", "Communicator", "server_codec_spec"]

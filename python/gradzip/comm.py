@@ -143,7 +143,8 @@ class Communicator:
         return self._impl.broken
 
     def allreduce(self, tensor: Any, codec: Codec, state: AllreduceState, op: str = "avg",
-                  algorithm: str = "auto", *, timeout: Optional[float] = None) -> Dict[str, Any]:
+                  algorithm: str = "auto", *, server_codec: Any = None,
+                  timeout: Optional[float] = None) -> Dict[str, Any]:
         """In place: ``tensor`` becomes the sum (``op="sum"``) or average (``"avg"``)
         over ranks, sent compressed by ``codec`` with error feedback in ``state``.
 
@@ -154,7 +155,12 @@ class Communicator:
                 dtype); the dtype is part of what the ranks agree on.
             codec: a :class:`gradzip.Codec` (the same spec on every rank).
             state: this buffer's :class:`AllreduceState`.
-            algorithm: ``"auto"``, ``"allgather"`` or ``"scatter_reduce"``.
+            algorithm: ``"auto"``, ``"allgather"``, ``"scatter_reduce"`` or
+                ``"hierarchical"``.
+            server_codec: the codec (spec or :class:`gradzip.Codec`) scatter_reduce
+                re-encodes the chunk sums with; None: the default, fp16 for onebit
+                and the codec itself otherwise (docs/comm.md, "The server phase").
+                Its error feedback follows ``codec``'s. The same on every rank.
             timeout: seconds for this call's waits (default: the communicator's).
 
         Returns:
@@ -168,11 +174,16 @@ class Communicator:
             raise InvalidArgument(f"codec must be a gradzip.Codec, got {type(codec).__name__}")
         if not isinstance(state, _core.AllreduceState):
             raise InvalidArgument(f"state must be a gradzip.AllreduceState, got {type(state).__name__}")
+        if isinstance(server_codec, _core.Codec):
+            server_codec = server_codec.spec
+        if server_codec is not None and not isinstance(server_codec, str):
+            raise InvalidArgument(f"server_codec must be a spec string or a gradzip.Codec, got "
+                                  f"{type(server_codec).__name__}")
         tensor = _arrays.as_input(tensor, "tensor")
         _arrays.check_writable(tensor, "tensor")
         with _arrays.cuda_call(tensor) as (stream, _):
-            return self._impl.allreduce(tensor, codec, state, op=op, algorithm=algorithm, stream=stream,
-                                        timeout=timeout)
+            return self._impl.allreduce(tensor, codec, state, op=op, algorithm=algorithm,
+                                        server_codec=server_codec, stream=stream, timeout=timeout)
 
     def barrier(self) -> None:
         self._impl.barrier()

@@ -212,8 +212,8 @@ nb::dict stats_dict(const gz::AllreduceStats& s) {
 }
 
 nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
-                   std::string_view op, std::string_view algorithm, std::uintptr_t stream,
-                   std::optional<double> timeout_s) {
+                   std::string_view op, std::string_view algorithm, std::optional<std::string> server_codec,
+                   std::uintptr_t stream, std::optional<double> timeout_s) {
   gz::Communicator& comm = h.get();
   const Span b = check_array(buffer, Elem::Grad, "tensor");
   if (b.place.device == gz::Device::Cpu && stream != 0)
@@ -222,6 +222,7 @@ nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz
   gz::AllreduceCall call;
   call.op = gz::parse_reduce_op(op);
   call.algorithm = gz::parse_algorithm(algorithm);
+  if (server_codec) call.server_codec = gz::parse_spec(*server_codec);
   call.device = b.place.device;
   call.stream = reinterpret_cast<gz::Stream>(stream);
   if (timeout_s) call.timeout = to_timeout(timeout_s);
@@ -250,6 +251,11 @@ nb::object layout(const gz::AllreduceState& s) {
 }  // namespace
 
 void bind_comm(nb::module_& m) {
+  m.def("server_codec_spec",
+        [](std::string_view spec) { return gz::server_codec_config(gz::parse_spec(spec)).canonical(); },
+        nb::arg("spec"),
+        "The codec scatter_reduce re-encodes the chunk sums with by default, for codec `spec`:\n"
+        "fp16 for onebit, the codec itself otherwise (docs/comm.md, 'The server phase').");
   nb::class_<gz::AllreduceState>(
       m, "AllreduceState",
       "Error-feedback state of one buffer for Communicator.allreduce: the worker residual and, for\n"
@@ -299,10 +305,11 @@ void bind_comm(nb::module_& m) {
       .def_prop_ro("broken", [](CommHandle& h) { return h.get().broken(); })
       .def_prop_ro("closed", [](CommHandle& h) { return !h.comm; })
       .def("allreduce", &allreduce, nb::arg("tensor").noconvert(), nb::arg("codec"), nb::arg("state"),
-           nb::kw_only(), nb::arg("op") = "avg", nb::arg("algorithm") = "auto", nb::arg("stream") = 0,
-           nb::arg("timeout") = nb::none(),
+           nb::kw_only(), nb::arg("op") = "avg", nb::arg("algorithm") = "auto",
+           nb::arg("server_codec") = nb::none(), nb::arg("stream") = 0, nb::arg("timeout") = nb::none(),
            nb::sig("def allreduce(self, tensor: object, codec: Codec, state: AllreduceState, *, op: str = 'avg', "
-                   "algorithm: str = 'auto', stream: int = 0, timeout: float | None = None) -> dict"),
+                   "algorithm: str = 'auto', server_codec: str | None = None, stream: int = 0, "
+                   "timeout: float | None = None) -> dict"),
            "In place: tensor = sum or average over ranks, sent compressed; returns the call's stats.")
       .def("barrier", [](CommHandle& h) {
              gz::Communicator& c = h.get();

@@ -19,10 +19,10 @@ def test_a_state_builds_and_pickles_before_the_process_group_exists():
     if dist.is_initialized():
         pytest.skip("a process group is up")
     state = CompressionState(codec="topk:density=0.01", warmup_steps=2, transport="gradzip",
-                             algorithm="allgather")
+                             algorithm="allgather", server_codec="onebit:block=64")
     copy = pickle.loads(pickle.dumps(state))
-    assert (copy.codec.spec, copy.warmup_steps, copy.transport, copy.algorithm, copy.step) == (
-        state.codec.spec, 2, "gradzip", "allgather", 0)
+    assert (copy.codec.spec, copy.warmup_steps, copy.transport, copy.algorithm, copy.server_codec, copy.step) == (
+        state.codec.spec, 2, "gradzip", "allgather", "onebit:block=64", 0)
     assert copy.state_dict() == state.state_dict()
     with pytest.raises(RuntimeError, match="init_process_group"):
         copy._bind()  # what its first hook call does
@@ -43,6 +43,7 @@ def group():
     ({"transport": "mpi"}, "unknown transport"),
     ({"algorithm": "ring"}, "unknown algorithm"),
     ({"communicator": object()}, "only with transport='gradzip'"),
+    ({"server_codec": "twobit"}, "valid codecs"),
 ])
 def test_bad_arguments_raise_value_error_with_a_reason(group, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -53,6 +54,7 @@ def test_defaults_and_state_dict_checks(group):
     state = CompressionState()
     assert state.codec.spec == gradzip.Codec("onebit").spec
     assert state.warmup_steps == 0 and state.transport == "torch" and state.process_group is None
+    assert state.server_codec is None  # scatter_reduce's default: fp16 chunk sums for onebit
     saved = state.state_dict()
     CompressionState().load_state_dict(saved)
     with pytest.raises(ValueError, match="codec"):

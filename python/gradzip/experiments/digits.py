@@ -12,6 +12,8 @@ is how the ranks exchange what they learned:
     <gradzip spec>@gradzip   the same over gradzip's own transport (transport="gradzip")
     <gradzip spec>/<algo>    with the hook's algorithm set (allgather, scatter_reduce);
                              without it, the hook's "auto"
+    <spec>/<algo>/<server>   and scatter_reduce's chunk sums re-encoded with <server>
+                             (e.g. onebit/scatter_reduce/onebit, the former default)
     <gradzip spec>@bmuf:h=H  no DDP: block momentum (gradzip.torch.BlockMomentum), the
                              model update sent compressed every H steps (_digits_bmuf.py)
     <DDP method>#bf16        the model kept in bfloat16 (#fp16: float16): parameters,
@@ -177,7 +179,9 @@ def _setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
     else:
         spec, _, transport = method.partition("@")
         spec, _, algorithm = spec.partition("/")
-        state = CompressionState(codec=spec, transport=transport or "torch", algorithm=algorithm or "auto")
+        algorithm, _, server = algorithm.partition("/")
+        state = CompressionState(codec=spec, transport=transport or "torch", algorithm=algorithm or "auto",
+                                 server_codec=server or None)
         ddp.register_comm_hook(state, compression_hook)
 
         def bytes_per_step(steps: int) -> Tuple[float, float]:
@@ -433,6 +437,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          + ", then every other registered lossy codec by name, then "
                          + ",".join(GRADZIP_TRANSPORT_METHODS) + " when the build has UCX")
     ap.add_argument("--epochs", type=int, default=Settings.epochs)
+    ap.add_argument("--batch", type=int, default=Settings.batch_per_rank,
+                    help="samples per rank per step (8 ranks at 16 take the steps 4 ranks take at 32)")
     ap.add_argument("--json", help="write the per-run results and the summary here")
     ap.add_argument("--markdown", help="write the table here")
     ap.add_argument("--eval-every", type=int, default=0,
@@ -446,7 +452,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     methods = default_methods() if args.methods is None else _split_methods(args.methods)
     seeds = [int(s) for s in args.seeds.split(",")]
-    settings = Settings(epochs=args.epochs, eval_every=args.eval_every)
+    settings = Settings(epochs=args.epochs, eval_every=args.eval_every, batch_per_rank=args.batch)
     if args.launched:
         launched = run_launched(methods, seeds, settings)
         if launched is None:

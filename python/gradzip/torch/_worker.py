@@ -60,6 +60,7 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(buffer.device))
     comm, codec, algorithm, worker = state._comm, state.codec, state.algorithm, state._worker
+    server_codec = state.server_codec
     parts: List[Any] = list(plan.parts)
 
     def job() -> None:
@@ -73,7 +74,8 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -
             with ctx:
                 sent = 0
                 for (seg, _), x in zip(parts, inputs):
-                    stats = comm.allreduce(x, codec, seg.ef, op="avg", algorithm=algorithm)
+                    stats = comm.allreduce(x, codec, seg.ef, op="avg", algorithm=algorithm,
+                                           server_codec=server_codec)
                     sent += stats["wire_bytes"]  # every byte sent, node-local included
                 plan.scatter(inputs, buffer)
                 with worker.lock:

@@ -56,10 +56,14 @@ class CompressionState:
             CPU, NCCL on GPU), no other connections. ``"gradzip"``: gradzip's
             own transports (UCX on CPU, NCCL on GPU), connected through torch's
             rendezvous store.
-        algorithm: ``"auto"`` (default: allgather on 2 ranks and for top-k,
-            two-phase scatter-reduce otherwise, hierarchical across nodes of
-            several ranks), ``"allgather"``, ``"scatter_reduce"`` or
-            ``"hierarchical"``.
+        algorithm: ``"auto"`` (default: whichever of allgather and the
+            two-phase scatter-reduce sends fewer bytes: allgather on 2 ranks,
+            for onebit up to 15 ranks and for top-k up to 16; hierarchical
+            across nodes of several ranks; docs/comm.md), ``"allgather"``,
+            ``"scatter_reduce"`` or ``"hierarchical"``.
+        server_codec: the codec spec scatter_reduce re-encodes each chunk's sum
+            with (its second phase). None (default): fp16 for onebit, the codec
+            itself otherwise. Error feedback follows ``codec``.
         communicator: with ``transport="gradzip"``, the communicator to use; by
             default one is made for this state at its first compressed bucket.
 
@@ -79,6 +83,7 @@ class CompressionState:
         "warmup_steps",
         "transport",
         "algorithm",
+        "server_codec",
         # Internal state.
         "_world_size",  # 0 until the first hook call binds the state
         "_saved_world",  # world size of a state_dict loaded before binding
@@ -100,6 +105,7 @@ class CompressionState:
         transport: str = "torch",
         algorithm: str = "auto",
         communicator: Any = None,
+        server_codec: Optional[str] = None,
     ) -> None:
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
@@ -115,6 +121,8 @@ class CompressionState:
         self.warmup_steps = warmup_steps
         self.transport = transport
         self.algorithm = algorithm
+        # Canonical, so that ranks compare equal and a bad spec fails here.
+        self.server_codec = None if server_codec is None else Codec(server_codec).spec
         self._world_size = 0
         self._saved_world: Optional[int] = None
         # The none codec over torch's group: DDP's own allreduce, bit for bit.
@@ -222,11 +230,11 @@ class CompressionState:
             raise TypeError("a CompressionState with an explicit process_group cannot be pickled (a process "
                             "group cannot be); use the default group, or build the state in each rank")
         return {"codec": self.codec.spec, "warmup_steps": self.warmup_steps, "transport": self.transport,
-                "algorithm": self.algorithm, "state": self.state_dict()}
+                "algorithm": self.algorithm, "server_codec": self.server_codec, "state": self.state_dict()}
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__init__(codec=d["codec"], warmup_steps=d["warmup_steps"],  # type: ignore[misc]
-                      transport=d["transport"], algorithm=d["algorithm"])
+                      transport=d["transport"], algorithm=d["algorithm"], server_codec=d.get("server_codec"))
         self.load_state_dict(d["state"])
 
     # -- internals ------------------------------------------------------------
