@@ -98,7 +98,9 @@ __m256 saturate8(__m256 v, float lim) {
   return _mm256_blendv_ps(clamped, v, nonfinite_mask(v));
 }
 
-/// The 8-lane twins of HalfFormat / BFloat16Format encode and decode.
+/// The 8-lane twins of HalfFormat / BFloat16Format encode and decode; round
+/// is the plain IEEE conversion (round to nearest even, overflow to inf),
+/// which encode applies after the codecs' saturation and narrow as it is.
 template <class Fmt>
 struct Lanes8;
 
@@ -106,9 +108,8 @@ struct Lanes8;
 template <>
 struct Lanes8<HalfFormat> {
   static constexpr bool available = true;
-  static __m128i encode(__m256 v) {
-    return _mm256_cvtps_ph(saturate8(v, kHalfMax), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  }
+  static __m128i round(__m256 v) { return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static __m128i encode(__m256 v) { return round(saturate8(v, kHalfMax)); }
   static __m256 decode(__m128i h) { return _mm256_cvtph_ps(h); }
 };
 #else
@@ -121,8 +122,9 @@ struct Lanes8<HalfFormat> {
 template <>
 struct Lanes8<BFloat16Format> {
   static constexpr bool available = true;
-  static __m128i encode(__m256 v) {
-    const __m256i x = _mm256_castps_si256(saturate8(v, kBf16Max));
+  static __m128i encode(__m256 v) { return round(saturate8(v, kBf16Max)); }
+  static __m128i round(__m256 v) {
+    const __m256i x = _mm256_castps_si256(v);
     const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
     const __m256i is_nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7F800000));
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
@@ -215,7 +217,16 @@ void widen(const T* in, std::size_t n, float* out) {
 
 template <class T>
 void narrow(const float* in, std::size_t n, T* out) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = from_float<T>(in[i]);
+  std::size_t i = 0;
+#if GZ_CPU_AVX2
+  if constexpr (!std::is_same_v<T, float>) {
+    using Fmt = std::conditional_t<std::is_same_v<T, Half>, HalfFormat, BFloat16Format>;
+    if constexpr (Lanes8<Fmt>::available)
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), Lanes8<Fmt>::round(_mm256_loadu_ps(in + i)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = from_float<T>(in[i]);
 }
 
 #define GZ_INSTANTIATE(G)                                                             \

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 
 #include "common/error.h"
 #include "kernels/cpu.h"
@@ -202,6 +203,29 @@ TEST(ElementTypes, RoundingAtTheEdges) {
   for (std::size_t i = 0; i < all.size(); ++i) {
     ASSERT_TRUE(test::same_float(h[i], kernels::half_to_float(all[i]))) << i;
     ASSERT_TRUE(test::same_float(b[i], kernels::bf16_to_float(all[i]))) << i;
+  }
+}
+
+// The narrowing loop (8 lanes where built) rounds like the element functions
+// on every class of float: random bit patterns, and around every rounding
+// boundary, overflow threshold, subnormal range and NaN payload.
+TEST(ElementTypes, NarrowingLoopMatchesTheElementFunctions) {
+  std::vector<std::uint32_t> bits;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 200000; ++i) bits.push_back(static_cast<std::uint32_t>(rng()));
+  for (std::uint32_t e = 0; e < 256; ++e)
+    for (std::uint32_t m : {0u, 1u, 0x0FFFu, 0x1000u, 0x1001u, 0x2000u, 0x3000u, 0x7FFFu, 0x8000u, 0x8001u, 0x18000u,
+                            0x400000u, 0x7FFFFFu})
+      for (std::uint32_t sign : {0u, 0x80000000u}) bits.push_back(sign | (e << 23) | m);
+  std::vector<float> f(bits.size());
+  std::memcpy(f.data(), bits.data(), bits.size() * 4);
+  std::vector<kernels::Half> h(f.size());
+  std::vector<kernels::BFloat16> b(f.size());
+  kernels::cpu::narrow(f.data(), f.size(), h.data());
+  kernels::cpu::narrow(f.data(), f.size(), b.data());
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    ASSERT_EQ(h[i].bits, kernels::half_from_float_rne(f[i])) << std::hex << bits[i];
+    ASSERT_EQ(b[i].bits, kernels::bf16_from_float_rne(f[i])) << std::hex << bits[i];
   }
 }
 

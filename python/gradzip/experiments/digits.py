@@ -483,7 +483,7 @@ def _split_methods(text: str) -> List[str]:
     names = {"fp32", "torch-fp16", "powersgd", *gradzip.codec_names()}
     out: List[str] = []
     for part in text.split(","):
-        name = part.split("@")[0].split(":")[0].split("=")[0]
+        name = part.split("@")[0].split("#")[0].split("/")[0].split(":")[0].split("=")[0]
         if out and name not in names:
             out[-1] += "," + part
         else:
