@@ -79,7 +79,7 @@ class ScatterReduceModel:
             for r, g in enumerate(grads):
                 part = np.ascontiguousarray(g[offset:offset + count])
                 self.codec.decode_accumulate(self.codec.encode(part, self.worker_ef[r][j]), chunk_sum)
-            decoded = self.server.decode(self.server.encode(chunk_sum, self.server_ef[j]))
+            decoded = self.server.decode(self.server.encode(chunk_sum, self.server_ef[j]), chunk_sum.size)
             out[offset:offset + count] = decoded * np.float32(1.0 / self.ranks)
         return out
 
