@@ -211,9 +211,11 @@ nb::dict stats_dict(const gz::AllreduceStats& s) {
   return d;
 }
 
-nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
-                   std::string_view op, std::string_view algorithm, std::uintptr_t stream,
-                   std::optional<double> timeout_s) {
+// One collective call on a buffer: checks, then `collective` with the GIL released.
+template <class Collective>
+nb::dict run_call(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+                  std::string_view op, std::string_view algorithm, std::uintptr_t stream,
+                  std::optional<double> timeout_s, Collective collective) {
   gz::Communicator& comm = h.get();
   const Span b = check_array(buffer, Elem::F32, "tensor");
   if (b.place.device == gz::Device::Cpu && stream != 0)
@@ -230,9 +232,20 @@ nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(h.mutex);
     std::lock_guard<std::mutex> codec_lock(codec.mutex());
-    comm.allreduce(static_cast<float*>(b.data), b.count, codec.codec(), state, call);
+    (comm.*collective)(static_cast<float*>(b.data), b.count, codec.codec(), state, call);
   }
   return stats_dict(stats);
+}
+
+nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+                   std::string_view op, std::string_view algorithm, std::uintptr_t stream,
+                   std::optional<double> timeout_s) {
+  return run_call(h, buffer, codec, state, op, algorithm, stream, timeout_s, &gz::Communicator::allreduce);
+}
+
+nb::dict reduce_scatter(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+                        std::string_view op, std::uintptr_t stream, std::optional<double> timeout_s) {
+  return run_call(h, buffer, codec, state, op, "auto", stream, timeout_s, &gz::Communicator::reduce_scatter);
 }
 
 nb::object layout(const gz::AllreduceState& s) {
@@ -304,6 +317,12 @@ void bind_comm(nb::module_& m) {
            nb::sig("def allreduce(self, tensor: object, codec: Codec, state: AllreduceState, *, op: str = 'avg', "
                    "algorithm: str = 'auto', stream: int = 0, timeout: float | None = None) -> dict"),
            "In place: tensor = sum or average over ranks, sent compressed; returns the call's stats.")
+      .def("reduce_scatter", &reduce_scatter, nb::arg("tensor").noconvert(), nb::arg("codec"), nb::arg("state"),
+           nb::kw_only(), nb::arg("op") = "avg", nb::arg("stream") = 0, nb::arg("timeout") = nb::none(),
+           nb::sig("def reduce_scatter(self, tensor: object, codec: Codec, state: AllreduceState, *, op: str = 'avg', "
+                   "stream: int = 0, timeout: float | None = None) -> dict"),
+           "In place: chunk `rank` of tensor (chunk_range) = that chunk's sum or average over ranks, sent\n"
+           "compressed; the other chunks are read only. Returns the call's stats.")
       .def("barrier", [](CommHandle& h) {
              gz::Communicator& c = h.get();
              nb::gil_scoped_release release;
