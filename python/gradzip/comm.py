@@ -162,10 +162,7 @@ class Communicator:
         The GIL is released while the call runs. Every rank ends with the
         same bits.
         """
-        if not isinstance(codec, _core.Codec):
-            raise InvalidArgument(f"codec must be a gradzip.Codec, got {type(codec).__name__}")
-        if not isinstance(state, _core.AllreduceState):
-            raise InvalidArgument(f"state must be a gradzip.AllreduceState, got {type(state).__name__}")
+        _check_codec_state(codec, state)
         tensor = _arrays.as_input(tensor, "tensor")
         _arrays.check_writable(tensor, "tensor")
         with _arrays.cuda_call(tensor) as (stream, _):
@@ -200,10 +197,7 @@ class Communicator:
         for an average); lossy codecs are within their documented error, and
         error feedback carries what a step lost into the next (docs/comm.md).
         """
-        if not isinstance(codec, _core.Codec):
-            raise InvalidArgument(f"codec must be a gradzip.Codec, got {type(codec).__name__}")
-        if not isinstance(state, _core.AllreduceState):
-            raise InvalidArgument(f"state must be a gradzip.AllreduceState, got {type(state).__name__}")
+        _check_codec_state(codec, state)
         input = _arrays.as_input(input, "input")
         _arrays.check_writable(input, "input")
         n, size, rank = _arrays.numel(input), self.size, self.rank
@@ -244,3 +238,10 @@ class Communicator:
         if self._impl.closed:
             return "Communicator(closed)"
         return f"Communicator(transport='{self.transport}', rank={self.rank}, size={self.size})"
+
+
+def _check_codec_state(codec: Any, state: Any) -> None:
+    if not isinstance(codec, _core.Codec):
+        raise InvalidArgument(f"codec must be a gradzip.Codec, got {type(codec).__name__}")
+    if not isinstance(state, _core.AllreduceState):
+        raise InvalidArgument(f"state must be a gradzip.AllreduceState, got {type(state).__name__}")

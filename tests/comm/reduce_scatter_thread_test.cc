@@ -37,6 +37,21 @@ std::vector<float> chunk_of(const std::vector<float>& v, std::size_t n, int P, i
   return {v.begin() + static_cast<std::ptrdiff_t>(c.offset), v.begin() + static_cast<std::ptrdiff_t>(c.offset + c.count)};
 }
 
+// A call's options: the parts every test sets, 20 s timeout.
+ReduceScatterOptions options(Transport& t, Store& store, AllreduceWorkspace& ws, Codec& codec, AllreduceState& state,
+                             std::vector<float>& buf) {
+  ReduceScatterOptions o;
+  o.transport = &t;
+  o.store = &store;
+  o.workspace = &ws;
+  o.codec = &codec;
+  o.state = &state;
+  o.buffer = buf.data();
+  o.n = buf.size();
+  o.timeout = Timeout(20000);
+  return o;
+}
+
 // `steps` reduce-scatters on P threads; each rank's buffer after the last.
 std::vector<RankResult> run(int P, std::size_t n, const std::string& spec, const Setting& set) {
   std::vector<RankResult> res(static_cast<std::size_t>(P));
@@ -52,16 +67,8 @@ std::vector<RankResult> run(int P, std::size_t n, const std::string& spec, const
         state->restore(saved);
       }
       mine.buffer = make_input(r, n, step, set.integer);
-      ReduceScatterOptions o;
-      o.transport = &t;
-      o.store = &store;
-      o.workspace = &ws;
-      o.codec = codec.get();
-      o.state = state.get();
-      o.buffer = mine.buffer.data();
-      o.n = n;
+      ReduceScatterOptions o = options(t, store, ws, *codec, *state, mine.buffer);
       o.op = set.op;
-      o.timeout = Timeout(20000);
       o.segment_bytes = set.segment_bytes;
       o.stats = &mine.stats;
       reduce_scatter(o);
@@ -213,10 +220,7 @@ double running_sum_error(int P, std::size_t n, int steps, const std::string& spe
     const ChunkRange c = chunk_range(n, P, r);
     for (int step = 0; step < steps; ++step) {
       auto buf = make_input(r, n, step);
-      ReduceScatterOptions o;
-      o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-      o.buffer = buf.data(); o.n = n; o.timeout = Timeout(20000);
-      reduce_scatter(o);
+      reduce_scatter(options(t, store, ws, *codec, state, buf));
       const auto ex = exact_sum(P, n, step);
       std::lock_guard lock(mu);
       for (std::size_t i = c.offset; i < c.offset + c.count; ++i) got[i] += buf[i], want[i] += ex[i];
@@ -258,10 +262,7 @@ TEST(ReduceScatter, MismatchedCallsFailOnEveryRankNamingThem) {
     AllreduceWorkspace ws;
     AllreduceState state;
     std::vector<float> buf(r == 1 ? 60 : 90, 1.0f);
-    ReduceScatterOptions o;
-    o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-    o.buffer = buf.data(); o.n = buf.size(); o.timeout = Timeout(20000);
-    reduce_scatter(o);
+    reduce_scatter(options(t, store, ws, *codec, state, buf));
   });
   for (int r = 0; r < P; ++r) {
     const std::string m = what(errors[static_cast<std::size_t>(r)]);
@@ -286,10 +287,7 @@ TEST(ReduceScatter, AgainstAnAllreduceFailsOnEveryRank) {
     if (r == 0) {
       allreduce(o);
     } else {
-      ReduceScatterOptions rs;
-      rs.transport = &t; rs.store = &store; rs.workspace = &ws; rs.codec = codec.get(); rs.state = &state;
-      rs.buffer = buf.data(); rs.n = buf.size(); rs.timeout = Timeout(20000);
-      reduce_scatter(rs);
+      reduce_scatter(options(t, store, ws, *codec, state, buf));
     }
   });
   for (int r = 0; r < P; ++r) {
@@ -309,10 +307,7 @@ TEST(ReduceScatter, RefusesAnAllreducesStateAndAllreduceRefusesIt) {
     o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
     o.buffer = buf.data(); o.n = buf.size(); o.timeout = Timeout(20000);
     allreduce(o);  // binds the state to the allreduce
-    ReduceScatterOptions rs;
-    rs.transport = &t; rs.store = &store; rs.workspace = &ws; rs.codec = codec.get(); rs.state = &state;
-    rs.buffer = buf.data(); rs.n = buf.size(); rs.timeout = Timeout(20000);
-    EXPECT_THROW(reduce_scatter(rs), InvalidArgument);  // local: before any agreement
+    EXPECT_THROW(reduce_scatter(options(t, store, ws, *codec, state, buf)), InvalidArgument);  // local: no agreement
     o.algorithm = Algorithm::ReduceScatter;
     EXPECT_THROW(allreduce(o), InvalidArgument);
   });
@@ -325,10 +320,7 @@ TEST(ReduceScatter, SavedStateNamesItsCollective) {
     AllreduceWorkspace ws;
     AllreduceState state;
     auto buf = make_input(r, 256);
-    ReduceScatterOptions o;
-    o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-    o.buffer = buf.data(); o.n = buf.size(); o.timeout = Timeout(20000);
-    reduce_scatter(o);
+    reduce_scatter(options(t, store, ws, *codec, state, buf));
     ASSERT_TRUE(state.layout().has_value());
     EXPECT_EQ(state.layout()->algorithm, Algorithm::ReduceScatter);
     EXPECT_EQ(state.layout()->worker_count, 256u);

@@ -107,3 +107,21 @@ def test_fsdp_codec_mismatch_fails_alike_on_every_rank():
     errors = run_ranks(fsdp_workers.fsdp_mismatch, 2, timeout=120)
     assert "disagree" in errors[0] and "onebit" in errors[0] and "fp16" in errors[0]
     assert errors[0] == errors[1]
+
+
+def test_digits_with_fully_shard_matches_uncompressed_fsdp_at_10x_fewer_bytes():
+    """The digits experiment's FSDP2 rows, shortened to one seed on 2 ranks
+    (BENCHMARKS.md has 2 and 4 ranks over several seeds): onebit's
+    reduce-scatter sends >= 10x fewer bytes than torch's and ends within the
+    convergence test's margin of uncompressed FSDP."""
+    pytest.importorskip("sklearn", reason="the digits data set ships with scikit-learn")
+    from gradzip.experiments import digits
+    from test_convergence import MARGIN_POINTS
+
+    runs = {r["method"]: r for r in digits.run(["fp32@fsdp", "onebit@fsdp"], seeds=[0], ranks=2, timeout=900)}
+    fp32, onebit = runs["fp32@fsdp"], runs["onebit@fsdp"]
+    assert fp32["test_accuracy"] > 0.95
+    assert 100 * (onebit["test_accuracy"] - fp32["test_accuracy"]) >= -MARGIN_POINTS, (onebit, fp32)
+    assert onebit["wire_bytes_per_step"] * 10 <= fp32["wire_bytes_per_step"]
+    assert fp32["wire_bytes_per_step"] == fp32["extra"]["fp32_wire_bytes_per_step"]
+    assert all(r["extra"]["identical_on_all_ranks"] and r["steps"] == fp32["steps"] for r in runs.values())
