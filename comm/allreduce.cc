@@ -28,6 +28,7 @@ const char* to_string(Algorithm a) {
     case Algorithm::Allgather: return "allgather";
     case Algorithm::ScatterReduce: return "scatter_reduce";
     case Algorithm::Hierarchical: return "hierarchical";
+    case Algorithm::ReduceScatter: return "reduce_scatter";
   }
   return "?";
 }
@@ -300,24 +301,34 @@ std::size_t AllreduceWorkspace::comm_bytes_for(const Codec& codec, std::size_t n
   return align_up(wire, kWorkspaceAlign) + align_up(local, kWorkspaceAlign);
 }
 
-void allreduce(const AllreduceOptions& o) {
-  GZ_ENFORCE(o.transport != nullptr, "allreduce needs a transport");
-  GZ_ENFORCE(o.workspace != nullptr, "allreduce needs a workspace (one per transport)");
-  GZ_ENFORCE(o.codec != nullptr, "allreduce needs a codec");
-  GZ_ENFORCE(o.state != nullptr, "allreduce needs a state (one per gradient buffer)");
-  GZ_ENFORCE(o.n == 0 || o.buffer != nullptr, "allreduce buffer is null");
-  GZ_ENFORCE(o.n <= wire::kMaxCount, "allreduce of ", o.n, " elements is over the wire format's limit");
-  GZ_ENFORCE(o.timeout.count() > 0, "allreduce timeout must be positive");
+namespace detail {
+
+void run_collective(const AllreduceOptions& o, const char* name) {
+  GZ_ENFORCE(o.transport != nullptr, name, " needs a transport");
+  GZ_ENFORCE(o.workspace != nullptr, name, " needs a workspace (one per transport)");
+  GZ_ENFORCE(o.codec != nullptr, name, " needs a codec");
+  GZ_ENFORCE(o.state != nullptr, name, " needs a state (one per gradient buffer)");
+  GZ_ENFORCE(o.n == 0 || o.buffer != nullptr, name, " buffer is null");
+  GZ_ENFORCE(o.n <= wire::kMaxCount, name, " of ", o.n, " elements is over the wire format's limit");
+  GZ_ENFORCE(o.timeout.count() > 0, name, " timeout must be positive");
   GZ_ENFORCE(!o.topology || o.topology->ranks() == o.transport->size(), "the topology describes ",
              o.topology->ranks(), " ranks, the transport has ", o.transport->size());
-  const auto start = detail::Clock::now();
+  const auto start = Clock::now();
 
-  detail::Run run(o);
+  Run run(o);
   run.agree_and_bind();
   run.prepare_workspace();
   run.execute();
   run.t->synchronize(run.call);  // NCCL: wait (with the timeout) for the queued work
   run.finish_stats(start);
+}
+
+}  // namespace detail
+
+void allreduce(const AllreduceOptions& o) {
+  GZ_ENFORCE(o.algorithm != Algorithm::ReduceScatter,
+             "reduce_scatter is a collective of its own, not an allreduce algorithm: call reduce_scatter()");
+  detail::run_collective(o, "allreduce");
 }
 
 }  // namespace gz

@@ -73,7 +73,10 @@ enum class ReduceOp : std::uint8_t { Sum = 0, Average = 1 };
 /// Hierarchical: fp32 reduce-scatter inside each node, a compressed allreduce
 /// of each shard across the nodes, fp32 allgather inside each node.
 /// Auto: see resolve_algorithm().
-enum class Algorithm : std::uint8_t { Auto = 0, Allgather = 1, ScatterReduce = 2, Hierarchical = 3 };
+/// ReduceScatter is not an allreduce algorithm (allreduce() refuses it): it
+/// names the reduce_scatter() collective (comm/reduce_scatter.h), the first
+/// half of ScatterReduce, in stats and in what a state is bound to.
+enum class Algorithm : std::uint8_t { Auto = 0, Allgather = 1, ScatterReduce = 2, Hierarchical = 3, ReduceScatter = 4 };
 
 const char* to_string(ReduceOp op);
 const char* to_string(Algorithm a);
@@ -158,7 +161,8 @@ struct AllreduceStats {
 /// floats; hierarchical: this rank's shard) and, for scatter_reduce, the
 /// server residual of this rank's chunk (what the server codec has not yet
 /// sent of the chunk sums, in the sums' units: any server codec can carry it
-/// on, so it is not part of the layout).
+/// on, so it is not part of the layout). The reduce_scatter() collective
+/// (comm/reduce_scatter.h) keeps the worker residual only.
 /// Created as zeros on first use, in the buffer's memory (host or CUDA);
 /// persistent across calls; bound from then on to one layout (codec spec, n,
 /// rank, world size, algorithm). save()/restore() carry it across a

@@ -74,7 +74,8 @@ void Run::flat(Algorithm a, const Group& g, float* buf, float* residual, float* 
   if (a == Algorithm::Allgather)
     allgather(g, buf, residual, count, scale_by, w, wire_carve, keep);
   else
-    scatter_reduce(g, buf, residual, server, count, scale_by, w, wire_carve, local, Half::Both, keep);
+    scatter_reduce(g, buf, residual, server, count, scale_by, w, wire_carve, local,
+                   a == Algorithm::ReduceScatter ? Half::ReduceOnly : Half::Both, keep);
 }
 
 std::size_t Run::kept_size(const Codec& c, const std::byte* slot, std::size_t count, std::size_t cap) const {

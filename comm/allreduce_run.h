@@ -79,6 +79,10 @@ struct Wire {
 /// Which halves of scatter_reduce a phase runs (hierarchical runs them apart).
 enum class Half { Both, ReduceOnly, GatherOnly };
 
+/// One call of allreduce() or reduce_scatter() (o.algorithm ReduceScatter):
+/// checks, agreement, state, workspace, the algorithm. `name` is for errors.
+void run_collective(const AllreduceOptions& o, const char* name);
+
 /// One call: the options, checked, plus what the algorithms share.
 struct Run {
   const AllreduceOptions& o;
@@ -139,7 +143,8 @@ struct Run {
   void sum_segment(const Group& g, const Wire& w, const Slots& slots, std::size_t set, const std::size_t* received,
                    const float* own, std::size_t own_bytes, std::size_t count, std::size_t cap, float scale_by,
                    float* target);
-  /// The flat algorithm `a` over group g (dispatch of the two above).
+  /// The flat algorithm `a` over group g (dispatch of the two above;
+  /// ReduceScatter: scatter_reduce's Half::ReduceOnly).
   /// Segments and codec are chosen for `unit_count` elements (0: count):
   /// the same for every shard of a node in hierarchical.
   void flat(Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count, float scale,

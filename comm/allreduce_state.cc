@@ -121,7 +121,7 @@ void AllreduceState::restore(std::string_view saved) {
   l.world = read<std::uint32_t>(in, "world size");
   const auto algo = read<std::uint8_t>(in, "algorithm");
   if (algo != static_cast<std::uint8_t>(Algorithm::Allgather) && algo != static_cast<std::uint8_t>(Algorithm::ScatterReduce) &&
-      algo != static_cast<std::uint8_t>(Algorithm::Hierarchical))
+      algo != static_cast<std::uint8_t>(Algorithm::Hierarchical) && algo != static_cast<std::uint8_t>(Algorithm::ReduceScatter))
     malformed("unknown algorithm " + std::to_string(int{algo}));
   l.algorithm = static_cast<Algorithm>(algo);
   l.worker_count = read<std::uint64_t>(in, "worker count");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "comm/allreduce_run.h"
 #include "comm/crypto.h"
 #include "comm/store/prefix_store.h"
 #include "comm/store/sealed_store.h"
@@ -144,8 +145,8 @@ Communicator::~Communicator() {
   }
 }
 
-void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
-                             const AllreduceCall& call) {
+AllreduceOptions Communicator::options_for(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
+                                           const AllreduceCall& call) {
   if (broken_) GZ_THROW(IoError, "communicator is broken by an earlier failure; build a new one");
   AllreduceOptions o;
   o.transport = transport_.get();
@@ -165,22 +166,36 @@ void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& co
   o.server_codec = call.server_codec;
   o.topology = &topology_;
   o.stats = call.stats;
+  return o;
+}
+
+template <class F>
+void Communicator::guarded(F&& f) {
   try {
-    gz::allreduce(o);
+    f();
   } catch (const IoError&) {
     broken_ = true;
     throw;
   }
 }
 
+void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
+                             const AllreduceCall& call) {
+  const AllreduceOptions o = options_for(buffer, dtype, n, codec, state, call);
+  guarded([&] { gz::allreduce(o); });
+}
+
+void Communicator::reduce_scatter(float* buffer, std::size_t n, Codec& codec, AllreduceState& state,
+                                  const AllreduceCall& call) {
+  GZ_ENFORCE(call.algorithm == Algorithm::Auto, "reduce_scatter has one algorithm; call.algorithm must be auto");
+  AllreduceOptions o = options_for(buffer, Dtype::Float32, n, codec, state, call);
+  o.algorithm = Algorithm::ReduceScatter;  // what reduce_scatter() runs, with this communicator's topology (stats)
+  guarded([&] { detail::run_collective(o, "reduce_scatter"); });
+}
+
 void Communicator::barrier() {
   if (broken_) GZ_THROW(IoError, "communicator is broken by an earlier failure; build a new one");
-  try {
-    transport_->barrier(CallContext{Device::Cpu, nullptr, options_.timeout});
-  } catch (const IoError&) {
-    broken_ = true;
-    throw;
-  }
+  guarded([&] { transport_->barrier(CallContext{Device::Cpu, nullptr, options_.timeout}); });
 }
 
 }  // namespace gz

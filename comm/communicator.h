@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "comm/allreduce.h"
+#include "comm/reduce_scatter.h"
 #include "comm/store/store.h"
 #include "comm/transport.h"
 
@@ -42,7 +43,7 @@ struct CommunicatorOptions {
   bool closing_barrier = true;
 };
 
-/// Per-call settings of Communicator::allreduce.
+/// Per-call settings of Communicator::allreduce and reduce_scatter.
 struct AllreduceCall {
   ReduceOp op = ReduceOp::Sum;
   Algorithm algorithm = Algorithm::Auto;
@@ -102,6 +103,13 @@ class Communicator {
   void allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
                  const AllreduceCall& call = {});
 
+  /// buffer's chunk rank() (chunk_range(n, size(), rank())) = that chunk's
+  /// sum (or average) over ranks; the other chunks are read only. See
+  /// reduce_scatter.h. call.algorithm must be Auto.
+  /// @param[in,out] state   error feedback of this buffer (not shared with allreduce)
+  void reduce_scatter(float* buffer, std::size_t n, Codec& codec, AllreduceState& state,
+                      const AllreduceCall& call = {});
+
   void barrier();
 
   Transport& transport() { return *transport_; }
@@ -117,6 +125,13 @@ class Communicator {
 
  private:
   // The store sealed with job_key under options.prefix, and the transport over it.
+  // The call's options, from the communicator's parts; throws IoError when broken.
+  AllreduceOptions options_for(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
+                               const AllreduceCall& call);
+  // Runs f; an IoError marks the communicator broken.
+  template <class F>
+  void guarded(F&& f);
+
   static std::unique_ptr<Communicator> assemble(TransportKind kind, std::shared_ptr<Store> store,
                                                 const std::string& job_key, int rank, int world_size, int local_rank,
                                                 const CommunicatorOptions& options);

@@ -170,10 +170,7 @@ class Communicator:
         The GIL is released while the call runs. Every rank ends with the
         same bits.
         """
-        if not isinstance(codec, _core.Codec):
-            raise InvalidArgument(f"codec must be a gradzip.Codec, got {type(codec).__name__}")
-        if not isinstance(state, _core.AllreduceState):
-            raise InvalidArgument(f"state must be a gradzip.AllreduceState, got {type(state).__name__}")
+        _check_codec_state(codec, state)
         if isinstance(server_codec, _core.Codec):
             server_codec = server_codec.spec
         if server_codec is not None and not isinstance(server_codec, str):
@@ -184,6 +181,58 @@ class Communicator:
         with _arrays.cuda_call(tensor) as (stream, _):
             return self._impl.allreduce(tensor, codec, state, op=op, algorithm=algorithm,
                                         server_codec=server_codec, stream=stream, timeout=timeout)
+
+    def reduce_scatter(self, input: Any, output: Any, codec: Codec, state: AllreduceState, op: str = "avg", *,
+                       timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Compressed reduce-scatter: rank r gets chunk r of the sum (``op="sum"``)
+        or average (``"avg"``) over ranks of ``input``, sent compressed by
+        ``codec`` with error feedback in ``state`` (this rank's contribution).
+
+        Args:
+            input: float32, contiguous, n elements (numpy array or torch tensor,
+                CPU or CUDA on torch's current stream): every rank's chunks in
+                rank order. Used as scratch, as NCCL's in-place reduce-scatter:
+                chunk ``rank`` is overwritten with the result, the others are
+                only read.
+            output: where the result goes too: float32, n / size elements (n
+                must divide by the world size, as for torch's
+                ``reduce_scatter_tensor``); or None: the result stays in
+                ``input``'s chunk ``rank`` (chunks of n // size or one more
+                element, the first n % size the longer).
+            codec: a :class:`gradzip.Codec` (the same spec on every rank).
+            state: this buffer's :class:`AllreduceState`; one used here is
+                bound to the reduce-scatter and cannot serve an allreduce.
+
+        Returns:
+            The call's stats, as :meth:`allreduce`'s (algorithm ``"reduce_scatter"``).
+
+        For codec ``none`` the result is the fp32 sum in rank order (times 1/P
+        for an average); lossy codecs are within their documented error, and
+        error feedback carries what a step lost into the next (docs/comm.md).
+        """
+        _check_codec_state(codec, state)
+        input = _arrays.as_input(input, "input")
+        _arrays.check_writable(input, "input")
+        n, size, rank = _arrays.numel(input), self.size, self.rank
+        if output is not None:
+            output = _arrays.as_input(output, "output")
+            _arrays.check_writable(output, "output")
+            if n % size:
+                raise InvalidArgument(f"reduce_scatter: input has {n} elements, which do not split into {size} "
+                                      f"equal chunks (pad it to a multiple of the world size, as FSDP does)")
+            if _arrays.numel(output) != n // size:
+                raise InvalidArgument(f"reduce_scatter: output has {_arrays.numel(output)} elements, expected "
+                                      f"{n // size} (input {n} / world size {size})")
+            if not _arrays.same_home(input, output):
+                raise InvalidArgument("reduce_scatter: input and output must be of one framework and on one device")
+            if getattr(output, "dtype", None) != getattr(input, "dtype", None):
+                raise InvalidArgument(f"reduce_scatter: output is {output.dtype}, input {input.dtype}; both float32")
+        with _arrays.cuda_call(input) as (stream, _):
+            stats = self._impl.reduce_scatter(input, codec, state, op=op, stream=stream, timeout=timeout)
+            if output is not None:
+                chunk = n // size
+                output[...] = input.reshape(-1)[rank * chunk:(rank + 1) * chunk].reshape(output.shape)
+        return stats
 
     def barrier(self) -> None:
         self._impl.barrier()
@@ -202,3 +251,10 @@ class Communicator:
         if self._impl.closed:
             return "Communicator(closed)"
         return f"Communicator(transport='{self.transport}', rank={self.rank}, size={self.size})"
+
+
+def _check_codec_state(codec: Any, state: Any) -> None:
+    if not isinstance(codec, _core.Codec):
+        raise InvalidArgument(f"codec must be a gradzip.Codec, got {type(codec).__name__}")
+    if not isinstance(state, _core.AllreduceState):
+        raise InvalidArgument(f"state must be a gradzip.AllreduceState, got {type(state).__name__}")

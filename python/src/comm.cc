@@ -211,9 +211,11 @@ nb::dict stats_dict(const gz::AllreduceStats& s) {
   return d;
 }
 
-nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
-                   std::string_view op, std::string_view algorithm, std::optional<std::string> server_codec,
-                   std::uintptr_t stream, std::optional<double> timeout_s) {
+// One collective call on a buffer: checks, then `collective` with the GIL released.
+template <class Collective>
+nb::dict run_call(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+                  std::string_view op, std::string_view algorithm, std::optional<std::string> server_codec,
+                  std::uintptr_t stream, std::optional<double> timeout_s, Collective collective) {
   gz::Communicator& comm = h.get();
   const Span b = check_array(buffer, Elem::Grad, "tensor");
   if (b.place.device == gz::Device::Cpu && stream != 0)
@@ -231,9 +233,28 @@ nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(h.mutex);
     std::lock_guard<std::mutex> codec_lock(codec.mutex());
-    comm.allreduce(b.data, b.dtype, b.count, codec.codec(), state, call);
+    collective(comm, b, codec.codec(), state, call);
   }
   return stats_dict(stats);
+}
+
+nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+                   std::string_view op, std::string_view algorithm, std::optional<std::string> server_codec,
+                   std::uintptr_t stream, std::optional<double> timeout_s) {
+  return run_call(h, buffer, codec, state, op, algorithm, std::move(server_codec), stream, timeout_s,
+                  [](gz::Communicator& comm, const Span& b, gz::Codec& c, gz::AllreduceState& st,
+                     const gz::AllreduceCall& call) { comm.allreduce(b.data, b.dtype, b.count, c, st, call); });
+}
+
+nb::dict reduce_scatter(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+                        std::string_view op, std::uintptr_t stream, std::optional<double> timeout_s) {
+  return run_call(h, buffer, codec, state, op, "auto", std::nullopt, stream, timeout_s,
+                  [](gz::Communicator& comm, const Span& b, gz::Codec& c, gz::AllreduceState& st,
+                     const gz::AllreduceCall& call) {
+                    if (b.dtype != gz::Dtype::Float32)
+                      GZ_THROW(gz::InvalidArgument, "reduce_scatter takes float32 tensors, got ", gz::to_string(b.dtype));
+                    comm.reduce_scatter(static_cast<float*>(b.data), b.count, c, st, call);
+                  });
 }
 
 nb::object layout(const gz::AllreduceState& s) {
@@ -311,6 +332,12 @@ void bind_comm(nb::module_& m) {
                    "algorithm: str = 'auto', server_codec: str | None = None, stream: int = 0, "
                    "timeout: float | None = None) -> dict"),
            "In place: tensor = sum or average over ranks, sent compressed; returns the call's stats.")
+      .def("reduce_scatter", &reduce_scatter, nb::arg("tensor").noconvert(), nb::arg("codec"), nb::arg("state"),
+           nb::kw_only(), nb::arg("op") = "avg", nb::arg("stream") = 0, nb::arg("timeout") = nb::none(),
+           nb::sig("def reduce_scatter(self, tensor: object, codec: Codec, state: AllreduceState, *, op: str = 'avg', "
+                   "stream: int = 0, timeout: float | None = None) -> dict"),
+           "In place: chunk `rank` of tensor (chunk_range) = that chunk's sum or average over ranks, sent\n"
+           "compressed; the other chunks are read only. Returns the call's stats.")
       .def("barrier", [](CommHandle& h) {
              gz::Communicator& c = h.get();
              nb::gil_scoped_release release;

@@ -19,6 +19,9 @@ is how the ranks exchange what they learned:
     <DDP method>#bf16        the model kept in bfloat16 (#fp16: float16): parameters,
                              gradients, DDP's buckets and the optimizer in that dtype,
                              batches cast to it; e.g. fp32#bf16 (plain DDP), onebit#bf16
+    fp32@fsdp                no DDP: FSDP2 (fully_shard per layer), torch's reduce-scatter
+    <gradzip spec>@fsdp      the same with gradzip's compressed reduce-scatter
+                             (gradzip.torch.fsdp; _digits_fsdp.py); compared with fp32@fsdp
 
     python -m gradzip.experiments.digits --ranks 4 --seeds 0,1,2 --json out.json --markdown out.md
     gradzip-run -n 4 --link 100mbit -- python -m gradzip.experiments.digits --launched ...
@@ -196,11 +199,23 @@ def _bmuf_setup(method: str, model: Any, seed: int, settings: Settings) -> Metho
     return setup(method, model, seed, settings)
 
 
+def _fsdp_setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
+    from ._digits_fsdp import setup
+
+    return setup(method, model, seed, settings)
+
+
 #: Method families beyond DDP: (does this method belong to it, its setup).
 #: A setup takes (method, model, seed, settings) and returns a Method.
 FAMILIES: List[Tuple[Callable[[str], bool], Callable[..., Method]]] = [
     (lambda method: "@bmuf" in method, _bmuf_setup),  # <codec>@bmuf:h=H,...: block momentum, no DDP
+    (lambda method: method.endswith("@fsdp"), _fsdp_setup),  # fp32@fsdp, <codec>@fsdp: FSDP2, no DDP
 ]
+
+
+def baseline(method: str) -> str:
+    """The method a row is compared with: fp32@fsdp for FSDP rows, else fp32 (DDP)."""
+    return "fp32@fsdp" if method.endswith("@fsdp") else "fp32"
 
 
 def _family_setup(method: str) -> Callable[..., Method]:
@@ -270,8 +285,10 @@ def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
     if settings.eval_every:
         extra["curve"] = curve
     # Every rank must hold the same model; a cheap check that stays in the table.
+    # (Sharded parameters, FSDP's DTensors, are gathered whole first.)
     with torch.no_grad(), m.shared_model():
-        flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])  # exact for 16-bit
+        flat = torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1).float()
+                          for p in model.parameters()])  # exact for 16-bit
     everyone = [torch.empty_like(flat) for _ in range(ranks)]
     dist.all_gather(everyone, flat)
     extra["identical_on_all_ranks"] = all(torch.equal(everyone[0], e) for e in everyone)
@@ -371,16 +388,19 @@ def run(methods: Optional[Sequence[str]] = None, seeds: Sequence[int] = (0,), ra
 def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per method: accuracy per seed and mean, difference to fp32 (points), bytes and ratios."""
     methods = list(dict.fromkeys(r["method"] for r in results))
-    fp32_acc = {r["seed"]: r["test_accuracy"] for r in results if r["method"] == "fp32"}
+    base_acc = {(r["method"], r["seed"]): r["test_accuracy"] for r in results}
     rows = []
     for m in methods:
         rs = [r for r in results if r["method"] == m]
         accs = [r["test_accuracy"] for r in rs]
-        deltas = [100 * (r["test_accuracy"] - fp32_acc[r["seed"]]) for r in rs if r["seed"] in fp32_acc]
+        deltas = [100 * (r["test_accuracy"] - base_acc[baseline(m), r["seed"]]) for r in rs
+                  if (baseline(m), r["seed"]) in base_acc]
         payload = statistics.mean(r["payload_bytes_per_step"] for r in rs)
         wire = statistics.mean(r["wire_bytes_per_step"] for r in rs)
         fp32 = rs[0]["fp32_bytes_per_step"]
-        fp32_wire = fp32 * 2 * (rs[0]["ranks"] - 1) / rs[0]["ranks"]
+        # The uncompressed collective's bytes: a ring allreduce, or what the
+        # method names (FSDP: torch's reduce-scatter).
+        fp32_wire = rs[0]["extra"].get("fp32_wire_bytes_per_step", fp32 * 2 * (rs[0]["ranks"] - 1) / rs[0]["ranks"])
         rows.append({
             "method": m,
             "seeds": [r["seed"] for r in rs],
@@ -413,13 +433,13 @@ def markdown(rows: List[Dict[str, Any]], ranks: int, settings: Settings) -> str:
     lines = [
         describe(settings, ranks, rows[0]["seeds"]),
         "",
-        "| method | test accuracy (per seed) | mean | vs fp32, worst seed (points) "
+        "| method | test accuracy (per seed) | mean | vs fp32 (DDP or FSDP), worst seed (points) "
         "| payload B/step | payload ratio | wire B/step | wire ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         accs = per_seed(r["accuracy"])
-        delta = "" if r["method"] == "fp32" else f"{r['delta_points_worst']:+.2f}"
+        delta = "" if r["method"] == baseline(r["method"]) else f"{r['delta_points_worst']:+.2f}"
         lines.append(
             f"| {r['method']} | {accs} | {100 * r['accuracy_mean']:.2f} | {delta} | "
             f"{r['payload_bytes_per_step']:,.0f} | {r['payload_ratio']:.1f}x | "

@@ -9,7 +9,9 @@ Example::
 See :class:`CompressionState` for the options (codec, warm-up, transport) and
 :func:`compression_hook` for what happens to each bucket. Where even a
 compressed exchange every step is too slow, :class:`BlockMomentum` exchanges
-a compressed model update once every H local steps.
+a compressed model update once every H local steps. For FSDP2
+(``fully_shard``) models, :mod:`gradzip.torch.fsdp` compresses the gradient
+reduce-scatter (``gradzip.torch.fsdp.register(model, codec="onebit")``).
 """
 
 from .bmuf import BlockMomentum
