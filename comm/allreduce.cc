@@ -1,8 +1,9 @@
-// allreduce(): checks, the agreement, the EF state and the workspace, then
+// allreduce(): checks, the agreement, the EF state (error_feedback.h) and the workspace, then
 // one of the algorithms (allreduce_flat.cc, allreduce_hierarchical.cc).
 #include "comm/allreduce.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -19,34 +20,6 @@
 #endif
 
 namespace gz {
-
-const char* to_string(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "avg"; }
-
-const char* to_string(Algorithm a) {
-  switch (a) {
-    case Algorithm::Auto: return "auto";
-    case Algorithm::Allgather: return "allgather";
-    case Algorithm::ScatterReduce: return "scatter_reduce";
-    case Algorithm::Hierarchical: return "hierarchical";
-    case Algorithm::ReduceScatter: return "reduce_scatter";
-  }
-  return "?";
-}
-
-ReduceOp parse_reduce_op(std::string_view s) {
-  if (s == "sum") return ReduceOp::Sum;
-  if (s == "avg" || s == "average" || s == "mean") return ReduceOp::Average;
-  GZ_THROW(InvalidArgument, "unknown reduce op '", s, "'; valid: sum, avg");
-}
-
-Algorithm parse_algorithm(std::string_view s) {
-  if (s == "auto") return Algorithm::Auto;
-  if (s == "allgather") return Algorithm::Allgather;
-  if (s == "scatter_reduce" || s == "scatter-reduce") return Algorithm::ScatterReduce;
-  if (s == "hierarchical") return Algorithm::Hierarchical;
-  GZ_THROW(InvalidArgument, "unknown allreduce algorithm '", s,
-           "'; valid: auto, allgather, scatter_reduce, hierarchical");
-}
 
 CodecConfig server_codec_config(const CodecConfig& codec) {
   const std::string_view spec = codec.descriptor().server_spec;
@@ -88,24 +61,6 @@ ChunkRange chunk_range(std::size_t n, int ranks, int j) {
   return {J * base + (J < extra ? J : extra), base + (J < extra ? 1 : 0)};
 }
 
-std::pair<std::uint64_t, std::uint64_t> AllreduceState::residual_counts(const CodecConfig& codec, std::uint64_t n,
-                                                                        int rank, int world, Algorithm algorithm,
-                                                                        const Topology* topology) {
-  if (!codec.ef) return {0, 0};
-  if (algorithm != Algorithm::Hierarchical)
-    return {n, algorithm == Algorithm::ScatterReduce ? chunk_range(n, world, rank).count : 0};
-  // Hierarchical: this rank's shard of its node, and (when the nodes run
-  // scatter_reduce across) its node's chunk of that shard.
-  GZ_ENFORCE(topology != nullptr, "the hierarchical allreduce needs the topology");
-  const int node = topology->node[static_cast<std::size_t>(rank)];
-  const auto local = topology->members(node);
-  const int L = static_cast<int>(local.size()), N = topology->nodes();
-  const int l = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
-  const std::uint64_t shard = chunk_range(n, L, l).count;
-  const Algorithm inner = resolve_algorithm(Algorithm::Auto, codec, N);
-  return {shard, inner == Algorithm::ScatterReduce ? chunk_range(shard, N, node).count : 0};
-}
-
 namespace detail {
 
 // The codec's descriptor says whether its payload size varies per call.
@@ -124,7 +79,7 @@ void Run::agree_and_bind() {
 
   // The state must fit the call before we ask the others (a local error),
   // and is bound (allocated) only once they agreed.
-  AllreduceState::Layout layout = check_state();
+  ErrorFeedback::Layout layout = check_state();
   if (P > 1) {
     GZ_ENFORCE(o.store != nullptr, "allreduce over ", P, " ranks needs a Store to agree on the call");
     Fields fields = {{"codec", cfg.canonical()},
@@ -139,32 +94,32 @@ void Run::agree_and_bind() {
     stats.agreed = true;
   }
   bind_state(std::move(layout));
-  st.agreed_ = AllreduceState::Agreed{cfg, o.n, algo, o.op, o.dtype, segment, layout_of_nodes, server};
+  st.agreed_ = ErrorFeedback::Agreed{cfg, o.n, algo, o.op, o.dtype, segment, layout_of_nodes, server};
   st.agreed_context_ = ws.id_;
 }
 
-AllreduceState::Layout Run::check_state() const {
-  AllreduceState::Layout l;
+ErrorFeedback::Layout Run::check_state() const {
+  ErrorFeedback::Layout l;
   l.codec = codec.spec();
   l.n = o.n;
   l.rank = static_cast<std::uint32_t>(me);
   l.world = static_cast<std::uint32_t>(P);
   l.algorithm = algo;
   std::tie(l.worker_count, l.server_count) =
-      AllreduceState::residual_counts(codec.config(), o.n, me, P, algo, &topo);
+      ErrorFeedback::residual_counts(codec.config(), o.n, me, P, algo, &topo);
   if (st.layout_ && !(*st.layout_ == l))
-    GZ_THROW(InvalidArgument, "this allreduce state is bound to codec=", st.layout_->codec, " n=", st.layout_->n,
+    GZ_THROW(InvalidArgument, "this error feedback state is bound to codec=", st.layout_->codec, " n=", st.layout_->n,
              " rank=", st.layout_->rank, "/", st.layout_->world, " algorithm=", to_string(st.layout_->algorithm),
              " (", st.layout_->worker_count, "+", st.layout_->server_count, " residual floats), but the call is codec=",
              l.codec, " n=", l.n, " rank=", me, "/", P, " algorithm=", to_string(algo), " (", l.worker_count, "+",
              l.server_count, "): use one state per gradient buffer, or reset() it");
   if (st.layout_ && !st.pending_ && st.device_ != o.device)
-    GZ_THROW(InvalidArgument, "this allreduce state lives in ", to_string(st.device_), " memory, the buffer in ",
+    GZ_THROW(InvalidArgument, "this error feedback state lives in ", to_string(st.device_), " memory, the buffer in ",
              to_string(o.device), " memory");
   return l;
 }
 
-void Run::bind_state(AllreduceState::Layout l) {
+void Run::bind_state(ErrorFeedback::Layout l) {
   const bool fresh = !st.layout_;
   if (fresh || st.pending_) {
     st.device_ = o.device;
@@ -276,6 +231,12 @@ void Run::convert(bool to_float) {
 
 }  // namespace detail
 
+namespace {
+// Names the workspace that agreed a state's call (ErrorFeedback::agreed_context_).
+std::atomic<std::uint64_t> next_workspace_id{1};
+}  // namespace
+
+AllreduceWorkspace::AllreduceWorkspace() : id_(next_workspace_id++) {}
 AllreduceWorkspace::~AllreduceWorkspace() = default;
 
 double allreduce_error_bound(const CodecConfig& c) { return error_bound(c); }
@@ -285,7 +246,7 @@ std::size_t AllreduceWorkspace::comm_bytes_for(const Codec& codec, std::size_t n
                                                const Topology* topology, Device device,
                                                const std::optional<CodecConfig>& server_codec) {
   AllreduceWorkspace ws;
-  AllreduceState st;
+  ErrorFeedback st;
   AllreduceOptions o;
   o.workspace = &ws;
   o.state = &st;

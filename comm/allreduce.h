@@ -3,10 +3,10 @@
 // a Codec with error feedback. Options struct + free function, as in gloo.
 //
 //   gz::AllreduceWorkspace ws;          // one per transport, shared by all states
-//   gz::AllreduceState state;           // one per gradient buffer (EF residuals)
+//   gz::ErrorFeedback ef;               // one per gradient buffer (comm/error_feedback.h)
 //   gz::AllreduceOptions o;
 //   o.transport = &transport; o.store = &store; o.workspace = &ws;
-//   o.codec = codec.get(); o.state = &state;
+//   o.codec = codec.get(); o.state = &ef;
 //   o.buffer = grad; o.n = n; o.op = gz::ReduceOp::Average;
 //   gz::allreduce(o);                   // grad now holds the average, on every rank
 //
@@ -53,6 +53,8 @@
 #include <utility>
 #include <vector>
 
+#include "comm/collective.h"
+#include "comm/error_feedback.h"
 #include "comm/memory.h"
 #include "comm/store/store.h"
 #include "comm/topology.h"
@@ -64,26 +66,6 @@ namespace gz {
 namespace detail {
 struct Run;
 }
-
-enum class ReduceOp : std::uint8_t { Sum = 0, Average = 1 };
-
-/// Allgather: every rank's whole payload to every rank. ScatterReduce:
-/// compressed reduce-scatter, then an allgather of the chunk sums re-encoded
-/// with the server codec (server_codec_config()).
-/// Hierarchical: fp32 reduce-scatter inside each node, a compressed allreduce
-/// of each shard across the nodes, fp32 allgather inside each node.
-/// Auto: see resolve_algorithm().
-/// ReduceScatter is not an allreduce algorithm (allreduce() refuses it): it
-/// names the reduce_scatter() collective (comm/reduce_scatter.h), the first
-/// half of ScatterReduce, in stats and in what a state is bound to.
-enum class Algorithm : std::uint8_t { Auto = 0, Allgather = 1, ScatterReduce = 2, Hierarchical = 3, ReduceScatter = 4 };
-
-const char* to_string(ReduceOp op);
-const char* to_string(Algorithm a);
-/// "sum" | "avg"/"average"; throws InvalidArgument listing the choices.
-ReduceOp parse_reduce_op(std::string_view s);
-/// "auto" | "allgather" | "scatter_reduce" | "hierarchical"; throws InvalidArgument.
-Algorithm parse_algorithm(std::string_view s);
 
 /// The codec scatter_reduce re-encodes the chunk sums with (its second,
 /// "server" phase) when AllreduceOptions::server_codec is unset:
@@ -157,74 +139,6 @@ struct AllreduceStats {
   bool agreed = false;         ///< this call ran the Store agreement
 };
 
-/// Error-feedback state of one gradient buffer: the worker residual (n
-/// floats; hierarchical: this rank's shard) and, for scatter_reduce, the
-/// server residual of this rank's chunk (what the server codec has not yet
-/// sent of the chunk sums, in the sums' units: any server codec can carry it
-/// on, so it is not part of the layout). The reduce_scatter() collective
-/// (comm/reduce_scatter.h) keeps the worker residual only.
-/// Created as zeros on first use, in the buffer's memory (host or CUDA);
-/// persistent across calls; bound from then on to one layout (codec spec, n,
-/// rank, world size, algorithm). save()/restore() carry it across a
-/// checkpoint, and a restored state continues bit-identically.
-class AllreduceState {
- public:
-  AllreduceState() = default;
-  AllreduceState(const AllreduceState&) = delete;
-  AllreduceState& operator=(const AllreduceState&) = delete;
-  AllreduceState(AllreduceState&&) = default;
-  AllreduceState& operator=(AllreduceState&&) = default;
-
-  /// Serialises the layout and residuals (a copy from the device if needed).
-  /// Throws InvalidArgument on a state that was never used or restored.
-  std::string save() const;
-  /// Loads what save() wrote. Throws InvalidArgument for malformed bytes, or
-  /// when this state is already bound to a different layout.
-  void restore(std::string_view bytes);
-  /// Forgets layout and residuals: the next call starts from zeros.
-  void reset();
-
-  bool bound() const { return layout_.has_value(); }
-  /// Bytes of residual memory held.
-  std::size_t bytes() const { return worker_.capacity() + server_.capacity(); }
-
-  /// What a state is bound to.
-  struct Layout {
-    std::string codec;  ///< canonical spec
-    std::uint64_t n = 0;
-    std::uint32_t rank = 0, world = 0;
-    Algorithm algorithm = Algorithm::Allgather;
-    std::uint64_t worker_count = 0, server_count = 0;  ///< residual floats
-    bool operator==(const Layout&) const = default;
-  };
-  /// The residual floats a call needs: worker and server.
-  static std::pair<std::uint64_t, std::uint64_t> residual_counts(const CodecConfig& codec, std::uint64_t n,
-                                                                 int rank, int world, Algorithm algorithm,
-                                                                 const Topology* topology);
-  const std::optional<Layout>& layout() const { return layout_; }
-
- private:
-  friend struct detail::Run;
-  std::optional<Layout> layout_;
-  Device device_ = Device::Cpu;
-  Buffer worker_, server_;
-  std::vector<float> pending_worker_, pending_server_;  // restored, not yet on the device
-  bool pending_ = false;
-  // The last call signature the ranks agreed on, so later calls skip the Store.
-  struct Agreed {
-    CodecConfig codec;
-    std::uint64_t n = 0;
-    Algorithm algorithm = Algorithm::Auto;
-    ReduceOp op = ReduceOp::Sum;
-    Dtype dtype = Dtype::Float32;
-    std::size_t segment = 0;
-    std::string topology;
-    CodecConfig server;
-  };
-  std::optional<Agreed> agreed_;
-  std::uint64_t agreed_context_ = 0;  // which workspace/transport agreed
-};
-
 /// Scratch shared by every allreduce on one transport: payload slots for the
 /// segments in flight, the chunk sums and the codec's workspace, grown to the
 /// largest call and reused; and the count of agreements made (the same on
@@ -281,7 +195,7 @@ struct AllreduceOptions {
   Store* store = nullptr;               ///< [in] required when size() > 1 (agreement)
   AllreduceWorkspace* workspace = nullptr;  ///< [in,out] required
   Codec* codec = nullptr;               ///< [in] required (not thread-safe: one call at a time)
-  AllreduceState* state = nullptr;      ///< [in,out] required
+  ErrorFeedback* state = nullptr;       ///< [in,out] required: this buffer's error feedback
   void* buffer = nullptr;               ///< [in,out] n elements of `dtype` on `device` (null only when n == 0)
   std::size_t n = 0;
   Dtype dtype = Dtype::Float32;         ///< float32, float16 or bfloat16; the same on every rank

@@ -88,7 +88,7 @@ struct Run {
   const AllreduceOptions& o;
   Transport* t;  // null while only sizing a workspace (comm_bytes_for)
   Codec& codec;
-  AllreduceState& st;
+  ErrorFeedback& st;
   AllreduceWorkspace& ws;
   int P = 1, me = 0;
   Algorithm algo = Algorithm::Auto;
@@ -112,8 +112,8 @@ struct Run {
 
   // allreduce.cc: agreement, state, workspace.
   void agree_and_bind();
-  AllreduceState::Layout check_state() const;
-  void bind_state(AllreduceState::Layout layout);
+  ErrorFeedback::Layout check_state() const;
+  void bind_state(ErrorFeedback::Layout layout);
   void prepare_workspace();
   /// Runs the algorithm in the prepared workspace.
   void execute();

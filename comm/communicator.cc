@@ -145,7 +145,7 @@ Communicator::~Communicator() {
   }
 }
 
-AllreduceOptions Communicator::options_for(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
+AllreduceOptions Communicator::options_for(void* buffer, Dtype dtype, std::size_t n, Codec& codec, ErrorFeedback& state,
                                            const AllreduceCall& call) {
   if (broken_) GZ_THROW(IoError, "communicator is broken by an earlier failure; build a new one");
   AllreduceOptions o;
@@ -179,13 +179,13 @@ void Communicator::guarded(F&& f) {
   }
 }
 
-void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
+void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, ErrorFeedback& state,
                              const AllreduceCall& call) {
   const AllreduceOptions o = options_for(buffer, dtype, n, codec, state, call);
   guarded([&] { gz::allreduce(o); });
 }
 
-void Communicator::reduce_scatter(float* buffer, std::size_t n, Codec& codec, AllreduceState& state,
+void Communicator::reduce_scatter(float* buffer, std::size_t n, Codec& codec, ErrorFeedback& state,
                                   const AllreduceCall& call) {
   GZ_ENFORCE(call.algorithm == Algorithm::Auto, "reduce_scatter has one algorithm; call.algorithm must be auto");
   AllreduceOptions o = options_for(buffer, Dtype::Float32, n, codec, state, call);

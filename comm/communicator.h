@@ -3,7 +3,7 @@
 //
 //   auto comm = gz::Communicator::from_env(gz::TransportKind::Ucx);
 //   auto codec = gz::make_codec("onebit");
-//   gz::AllreduceState state;                    // one per gradient buffer
+//   gz::ErrorFeedback state;                     // error feedback: one per gradient buffer
 //   gz::AllreduceCall call;
 //   call.op = gz::ReduceOp::Average;
 //   comm->allreduce(grad, n, *codec, state, call);
@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "comm/allreduce.h"
+#include "comm/error_feedback.h"
 #include "comm/reduce_scatter.h"
 #include "comm/store/store.h"
 #include "comm/transport.h"
@@ -96,18 +97,18 @@ class Communicator {
   /// @param[in,out] buffer  n floats on call.device
   /// @param[in]     codec   the same spec on every rank
   /// @param[in,out] state   error feedback of this buffer
-  void allreduce(float* buffer, std::size_t n, Codec& codec, AllreduceState& state, const AllreduceCall& call = {}) {
+  void allreduce(float* buffer, std::size_t n, Codec& codec, ErrorFeedback& state, const AllreduceCall& call = {}) {
     allreduce(buffer, Dtype::Float32, n, codec, state, call);
   }
   /// The same on n elements of `dtype` (float16 and bfloat16 too; allreduce.h).
-  void allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
+  void allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, ErrorFeedback& state,
                  const AllreduceCall& call = {});
 
   /// buffer's chunk rank() (chunk_range(n, size(), rank())) = that chunk's
   /// sum (or average) over ranks; the other chunks are read only. See
   /// reduce_scatter.h. call.algorithm must be Auto.
   /// @param[in,out] state   error feedback of this buffer (not shared with allreduce)
-  void reduce_scatter(float* buffer, std::size_t n, Codec& codec, AllreduceState& state,
+  void reduce_scatter(float* buffer, std::size_t n, Codec& codec, ErrorFeedback& state,
                       const AllreduceCall& call = {});
 
   void barrier();
@@ -126,7 +127,7 @@ class Communicator {
  private:
   // The store sealed with job_key under options.prefix, and the transport over it.
   // The call's options, from the communicator's parts; throws IoError when broken.
-  AllreduceOptions options_for(void* buffer, Dtype dtype, std::size_t n, Codec& codec, AllreduceState& state,
+  AllreduceOptions options_for(void* buffer, Dtype dtype, std::size_t n, Codec& codec, ErrorFeedback& state,
                                const AllreduceCall& call);
   // Runs f; an IoError marks the communicator broken.
   template <class F>

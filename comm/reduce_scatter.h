@@ -6,7 +6,7 @@
 // into torch's fully_shard.
 //
 //   gz::AllreduceWorkspace ws;          // one per transport, shared with allreduce
-//   gz::AllreduceState state;           // one per gradient buffer (EF residual)
+//   gz::ErrorFeedback state;            // one per gradient buffer (its worker residual)
 //   gz::ReduceScatterOptions o;
 //   o.transport = &transport; o.store = &store; o.workspace = &ws;
 //   o.codec = codec.get(); o.state = &state;
@@ -39,6 +39,7 @@
 #include <cstddef>
 
 #include "comm/allreduce.h"
+#include "comm/error_feedback.h"
 
 namespace gz {
 
@@ -47,7 +48,7 @@ struct ReduceScatterOptions {
   Store* store = nullptr;                   ///< [in] required when size() > 1 (agreement)
   AllreduceWorkspace* workspace = nullptr;  ///< [in,out] required (the allreduce's: one per transport)
   Codec* codec = nullptr;                   ///< [in] required (one call at a time)
-  AllreduceState* state = nullptr;          ///< [in,out] required: this buffer's error feedback
+  ErrorFeedback* state = nullptr;           ///< [in,out] required: this buffer's error feedback
   float* buffer = nullptr;                  ///< [in,out] n floats on `device`; out: this rank's chunk only
   std::size_t n = 0;
   ReduceOp op = ReduceOp::Sum;

@@ -8,7 +8,7 @@
 int main() {
   auto comm = gz::Communicator::from_env(gz::TransportKind::Ucx);  // MASTER_ADDR, RANK, ...
   auto codec = gz::make_codec("onebit");
-  gz::AllreduceState state;  // error feedback of this buffer; keep it across steps
+  gz::ErrorFeedback state;  // error feedback of this buffer; keep it across steps
 
   std::vector<float> grad(1 << 20, static_cast<float>(comm->rank() + 1));
   gz::AllreduceCall call;

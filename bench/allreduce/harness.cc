@@ -117,7 +117,7 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   row.error_bound = allreduce_error_bound(codec->config());
   m.prepare(n);
 
-  AllreduceState state;
+  ErrorFeedback state;
   AllreduceStats stats;
   AllreduceCall call;
   call.algorithm = row.algorithm;

@@ -1,8 +1,9 @@
 """gradzip: gradient compression for data-parallel allreduce.
 
 - :class:`Codec` compresses float32 gradients (numpy or torch, CPU or CUDA)
-  into byte payloads with error feedback (:class:`ErrorFeedback`), and adds
-  payloads back into a sum.
+  into byte payloads with error feedback, and adds payloads back into a sum.
+- :class:`ErrorFeedback` is the error-feedback state of one gradient buffer,
+  for :meth:`Codec.encode` and for the :class:`Communicator`'s collectives.
 - :mod:`gradzip.torch` plugs the codecs into PyTorch DDP as a communication hook.
 - :class:`Communicator` (when the build has gradzip's transports) runs
   gradzip's own compressed allreduce over UCX or NCCL.
@@ -32,11 +33,12 @@ from ._core import (
     payload_info,
     split_spec_list,
 )
-from .codec import Codec, ErrorFeedback
+from .codec import Codec
+from .error_feedback import ErrorFeedback
 
 if BUILD["comm"]:  # gradzip's own transports
     from ._core import server_codec_spec
-    from .comm import AllreduceState, Communicator
+    from .comm import AllreduceState, Communicator  # AllreduceState: deprecated alias of ErrorFeedback
 
 # Created in C++ under gradzip._core; shown as gradzip.<name> in tracebacks.
 for _exc in (GradzipError, InvalidArgument, PayloadError, IoError, CudaError):

@@ -1,4 +1,4 @@
-"""Codecs on numpy arrays and torch tensors, and their error-feedback state."""
+"""Codecs on numpy arrays and torch tensors (their error-feedback state: error_feedback.py)."""
 
 from __future__ import annotations
 
@@ -9,130 +9,9 @@ import numpy as np
 from . import _arrays
 from ._core import Codec as _CoreCodec
 from ._core import InvalidArgument, PayloadError, payload_info
+from .error_feedback import ErrorFeedback
 
 __all__ = ["Codec", "ErrorFeedback"]
-
-_STATE_VERSION = 1
-
-
-class ErrorFeedback:
-    """Error-feedback state of one gradient buffer: the residual that encode
-    carries from one step to the next (``v = g + r; payload = Q(v); r = v - D(payload)``).
-
-    Created empty; the first :meth:`Codec.encode` allocates the residual as
-    zeros next to the gradient (same framework, same device) and binds the
-    state to that codec spec and element count. Use one state per buffer.
-    It also counts the encodes (:attr:`step`), which key the random draws of
-    codecs that make any (qsgd's stochastic rounding).
-    :meth:`state_dict` / :meth:`load_state_dict` carry it through a
-    checkpoint, and a restored state continues bit-identically.
-    """
-
-    __slots__ = ("_residual", "_spec", "_n", "_pending", "_step")
-
-    def __init__(self) -> None:
-        self._residual: Any = None
-        self._spec: Optional[str] = None
-        self._n = 0
-        self._pending = False  # restored, not yet placed next to a gradient
-        self._step = 0
-
-    @property
-    def residual(self) -> Any:
-        """The residual (n float32 values), or None before the first encode."""
-        return self._residual
-
-    @property
-    def bound(self) -> bool:
-        """Whether the state holds a residual (after an encode or a restore)."""
-        return self._spec is not None
-
-    @property
-    def spec(self) -> Optional[str]:
-        """The canonical spec of the codec the state is bound to."""
-        return self._spec
-
-    @property
-    def step(self) -> int:
-        """Encodes done with this state: the step the next encode draws its random numbers for."""
-        return self._step
-
-    def reset(self) -> None:
-        """Forgets the residual: the next encode starts from zeros, for any codec and size."""
-        self._residual = None
-        self._spec = None
-        self._n = 0
-        self._pending = False
-        self._step = 0
-
-    def state_dict(self) -> Dict[str, Any]:
-        """A copy of the state: ``{"version", "codec", "n", "residual", "step"}`` (residual
-        in the framework and on the device it lives on; None when unbound)."""
-        return {
-            "version": _STATE_VERSION,
-            "codec": self._spec,
-            "n": self._n,
-            "residual": None if self._residual is None else _arrays.copy_of(self._residual),
-            "step": self._step,
-        }
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned. The residual is copied: into
-        the existing residual when the state is bound, else kept until the first
-        encode, which moves it next to the gradient."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise InvalidArgument(
-                f"not an ErrorFeedback state_dict (version {_STATE_VERSION}): {type(state).__name__}")
-        spec, n, residual, step = state.get("codec"), state.get("n"), state.get("residual"), state.get("step", 0)
-        if spec is None:
-            self.reset()
-            return
-        if not isinstance(step, int) or step < 0:
-            raise InvalidArgument(f"ErrorFeedback state_dict has an invalid step {step!r}")
-        if not isinstance(n, int) or residual is None or _arrays.numel(residual) != n:
-            raise InvalidArgument("ErrorFeedback state_dict is inconsistent: 'n' does not match the residual")
-        if not isinstance(spec, str):
-            raise InvalidArgument(f"ErrorFeedback state_dict: 'codec' must be a spec string, got {type(spec).__name__}")
-        if not _arrays.all_finite(residual):
-            # One NaN would reach every rank's result through the next payload.
-            raise InvalidArgument("ErrorFeedback state_dict: the residual holds NaN or infinite values")
-        if self.bound and (spec != self._spec or n != self._n):
-            raise InvalidArgument(
-                f"state is bound to {self._n} elements of '{self._spec}' but the state_dict holds {n} "
-                f"elements of '{spec}'; call reset() first")
-        if self.bound and not self._pending:
-            src = _arrays.move_like(residual, self._residual).reshape(-1)
-            if _arrays.is_torch(self._residual):
-                self._residual.copy_(src)
-            else:
-                np.copyto(self._residual, src)
-        else:
-            self._residual = _arrays.copy_of(residual).reshape(-1)
-            self._pending = True
-        self._spec, self._n, self._step = spec, n, step
-
-    def _residual_for(self, spec: str, grad: Any, n: int) -> Any:
-        if not self.bound:
-            self._residual = _arrays.zeros_like_f32(grad, n)
-            self._spec, self._n = spec, n
-            return self._residual
-        if spec != self._spec or n != self._n:
-            raise InvalidArgument(
-                f"this ErrorFeedback holds the residual of {self._n} elements for '{self._spec}', but the "
-                f"call has {n} elements for '{spec}': use one state per buffer, or reset() it")
-        if not _arrays.same_home(self._residual, grad):
-            if not self._pending:
-                raise InvalidArgument(
-                    "the residual lives on another framework or device than grad; "
-                    "a state stays where its first gradient was")
-            self._residual = _arrays.move_like(self._residual, grad)
-        self._pending = False
-        return self._residual
-
-    def __repr__(self) -> str:
-        if not self.bound:
-            return "ErrorFeedback(unbound)"
-        return f"ErrorFeedback(codec='{self._spec}', n={self._n})"
 
 
 class Codec(_CoreCodec):
@@ -198,7 +77,8 @@ class Codec(_CoreCodec):
                 tensor, CPU or CUDA.
             state: the buffer's :class:`ErrorFeedback` (required when the codec has
                 error feedback; ignored otherwise). Its residual is updated in place
-                and its step advances by one.
+                and its step advances by one. A state that serves a collective is
+                refused (InvalidArgument): the two keep different residuals.
             out: optional uint8 buffer of at least ``max_payload_bytes(n)`` bytes on
                 grad's device, reused instead of allocating.
             step: the step that keys random draws (qsgd's stochastic rounding);
@@ -211,14 +91,16 @@ class Codec(_CoreCodec):
         grad = _arrays.as_input(grad, "grad")
         n = _arrays.numel(grad)
         residual = None
+        if state is not None and not isinstance(state, ErrorFeedback):
+            raise InvalidArgument(f"state must be a gradzip.ErrorFeedback, got {type(state).__name__}")
         if self.error_feedback:
             if state is None:
                 raise InvalidArgument(
                     f"'{self.spec}' has error feedback on: pass an ErrorFeedback state "
                     f"(one per buffer), or use ef=off")
-            if not isinstance(state, ErrorFeedback):
-                raise InvalidArgument(f"state must be a gradzip.ErrorFeedback, got {type(state).__name__}")
             residual = state._residual_for(self.spec, grad, n)
+        elif state is not None:
+            state._claim("codec")  # no residual, but its step keys the draws: a collective's state is refused
         if out is None:
             payload = _arrays.empty_like_bytes(grad, self.max_payload_bytes(n))
         else:
@@ -227,9 +109,9 @@ class Codec(_CoreCodec):
         with _arrays.cuda_call(grad) as (stream, torch):
             workspace = self._workspace(grad, n, stream, torch)
             if step is None:
-                step = state._step if isinstance(state, ErrorFeedback) else 0
+                step = 0 if state is None else state._step
             nbytes = self.encode_into(grad, residual, payload, stream=stream, workspace=workspace, step=step)
-        if isinstance(state, ErrorFeedback):
+        if state is not None:
             state._step += 1
         return payload.reshape(-1)[:nbytes]
 

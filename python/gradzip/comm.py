@@ -2,47 +2,48 @@
 
 from __future__ import annotations
 
+import builtins
 import itertools
+import warnings
 from typing import Any, Dict, Optional
 
 from . import _arrays
 from . import _core
 from ._core import InvalidArgument
 from .codec import Codec
+from .error_feedback import ErrorFeedback
 
 __all__ = ["AllreduceState", "Communicator"]
 
-_STATE_VERSION = 1
 _torch_count = itertools.count()
 
 
-class AllreduceState(_core.AllreduceState):
-    """Error-feedback state of one buffer for :meth:`Communicator.allreduce`
-    (the worker residual, and for scatter_reduce the server residual of this
-    rank's chunk), with :meth:`state_dict` / :meth:`load_state_dict` for
-    checkpoints: a restored state continues bit-identically."""
+class AllreduceState(ErrorFeedback):
+    """Deprecated: :class:`gradzip.ErrorFeedback` serves the collectives (and
+    :meth:`Codec.encode`); this alias goes in the next release. Constructing
+    one warns (DeprecationWarning). It keeps the former calls: ``save()``,
+    ``restore(data)`` and ``memory_bytes``."""
 
-    def state_dict(self) -> Dict[str, Any]:
-        """``{"version", "data"}``: data is the serialised state (bytes), None when unbound."""
-        return {"version": _STATE_VERSION, "data": self.save() if self.bound else None}
+    __slots__ = ()
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise InvalidArgument(f"not an AllreduceState state_dict (version {_STATE_VERSION})")
-        data = state.get("data")
-        if data is None:
-            self.reset()
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            self.restore(bytes(data))  # checksum, limits and finite residuals are checked in C++
-        else:
-            raise InvalidArgument(f"AllreduceState state_dict: 'data' must be bytes, got {type(data).__name__}")
+    def __init__(self) -> None:
+        warnings.warn("gradzip.AllreduceState is deprecated: use gradzip.ErrorFeedback, which serves "
+                      "Codec.encode and the Communicator's collectives alike", DeprecationWarning, stacklevel=2)
+        super().__init__()
+
+    def save(self) -> builtins.bytes:
+        """The C++ state serialised (``state_dict()["data"]``); InvalidArgument when unbound."""
+        return self._collective().save()
+
+    def restore(self, data: builtins.bytes) -> None:
+        """Loads what :meth:`save` returned (``load_state_dict`` with it)."""
+        if not isinstance(data, (builtins.bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"restore takes bytes, got {type(data).__name__}")
+        self.load_state_dict({"version": 1, "data": data})
 
     @property
-    def residual(self) -> None:  # the residuals live in C++; see save()
-        return None
-
-    def __repr__(self) -> str:
-        return f"AllreduceState({self.layout or 'unbound'})"
+    def memory_bytes(self) -> int:
+        return self.bytes
 
 
 class Communicator:
@@ -60,8 +61,8 @@ class Communicator:
     Example::
 
         comm = gradzip.Communicator.from_env("ucx")
-        codec, state = gradzip.Codec("onebit"), gradzip.AllreduceState()
-        stats = comm.allreduce(grad, codec, state, op="avg")   # grad averaged in place
+        codec, ef = gradzip.Codec("onebit"), gradzip.ErrorFeedback()  # one state per gradient buffer
+        stats = comm.allreduce(grad, codec, ef, op="avg")   # grad averaged in place
     """
 
     __slots__ = ("_impl",)
@@ -142,7 +143,7 @@ class Communicator:
         """True after an IoError: build a new communicator."""
         return self._impl.broken
 
-    def allreduce(self, tensor: Any, codec: Codec, state: AllreduceState, op: str = "avg",
+    def allreduce(self, tensor: Any, codec: Codec, state: ErrorFeedback, op: str = "avg",
                   algorithm: str = "auto", *, server_codec: Any = None,
                   timeout: Optional[float] = None) -> Dict[str, Any]:
         """In place: ``tensor`` becomes the sum (``op="sum"``) or average (``"avg"``)
@@ -154,7 +155,9 @@ class Communicator:
                 reduced in float32 (widened exactly, summed, rounded once to its
                 dtype); the dtype is part of what the ranks agree on.
             codec: a :class:`gradzip.Codec` (the same spec on every rank).
-            state: this buffer's :class:`AllreduceState`.
+            state: this buffer's :class:`gradzip.ErrorFeedback`, kept across calls
+                (the first call binds it to this collective, codec and size; a
+                state that serves :meth:`Codec.encode` is refused).
             algorithm: ``"auto"``, ``"allgather"``, ``"scatter_reduce"`` or
                 ``"hierarchical"``.
             server_codec: the codec (spec or :class:`gradzip.Codec`) scatter_reduce
@@ -170,7 +173,7 @@ class Communicator:
         The GIL is released while the call runs. Every rank ends with the
         same bits.
         """
-        _check_codec_state(codec, state)
+        native = _native_state(codec, state)
         if isinstance(server_codec, _core.Codec):
             server_codec = server_codec.spec
         if server_codec is not None and not isinstance(server_codec, str):
@@ -179,10 +182,10 @@ class Communicator:
         tensor = _arrays.as_input(tensor, "tensor")
         _arrays.check_writable(tensor, "tensor")
         with _arrays.cuda_call(tensor) as (stream, _):
-            return self._impl.allreduce(tensor, codec, state, op=op, algorithm=algorithm,
+            return self._impl.allreduce(tensor, codec, native, op=op, algorithm=algorithm,
                                         server_codec=server_codec, stream=stream, timeout=timeout)
 
-    def reduce_scatter(self, input: Any, output: Any, codec: Codec, state: AllreduceState, op: str = "avg", *,
+    def reduce_scatter(self, input: Any, output: Any, codec: Codec, state: ErrorFeedback, op: str = "avg", *,
                        timeout: Optional[float] = None) -> Dict[str, Any]:
         """Compressed reduce-scatter: rank r gets chunk r of the sum (``op="sum"``)
         or average (``"avg"``) over ranks of ``input``, sent compressed by
@@ -200,8 +203,9 @@ class Communicator:
                 ``input``'s chunk ``rank`` (chunks of n // size or one more
                 element, the first n % size the longer).
             codec: a :class:`gradzip.Codec` (the same spec on every rank).
-            state: this buffer's :class:`AllreduceState`; one used here is
-                bound to the reduce-scatter and cannot serve an allreduce.
+            state: this buffer's :class:`gradzip.ErrorFeedback`; one used here is
+                bound to the reduce-scatter and cannot serve an allreduce (nor
+                :meth:`Codec.encode`).
 
         Returns:
             The call's stats, as :meth:`allreduce`'s (algorithm ``"reduce_scatter"``).
@@ -210,7 +214,7 @@ class Communicator:
         for an average); lossy codecs are within their documented error, and
         error feedback carries what a step lost into the next (docs/comm.md).
         """
-        _check_codec_state(codec, state)
+        native = _native_state(codec, state)
         input = _arrays.as_input(input, "input")
         _arrays.check_writable(input, "input")
         n, size, rank = _arrays.numel(input), self.size, self.rank
@@ -228,7 +232,7 @@ class Communicator:
             if getattr(output, "dtype", None) != getattr(input, "dtype", None):
                 raise InvalidArgument(f"reduce_scatter: output is {output.dtype}, input {input.dtype}; both float32")
         with _arrays.cuda_call(input) as (stream, _):
-            stats = self._impl.reduce_scatter(input, codec, state, op=op, stream=stream, timeout=timeout)
+            stats = self._impl.reduce_scatter(input, codec, native, op=op, stream=stream, timeout=timeout)
             if output is not None:
                 chunk = n // size
                 output[...] = input.reshape(-1)[rank * chunk:(rank + 1) * chunk].reshape(output.shape)
@@ -253,8 +257,10 @@ class Communicator:
         return f"Communicator(transport='{self.transport}', rank={self.rank}, size={self.size})"
 
 
-def _check_codec_state(codec: Any, state: Any) -> None:
+def _native_state(codec: Any, state: Any) -> Any:
+    """Checks the call's codec and state; the C++ state the collective runs on."""
     if not isinstance(codec, _core.Codec):
         raise InvalidArgument(f"codec must be a gradzip.Codec, got {type(codec).__name__}")
-    if not isinstance(state, _core.AllreduceState):
-        raise InvalidArgument(f"state must be a gradzip.AllreduceState, got {type(state).__name__}")
+    if not isinstance(state, ErrorFeedback):
+        raise InvalidArgument(f"state must be a gradzip.ErrorFeedback, got {type(state).__name__}")
+    return state._collective()

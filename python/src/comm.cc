@@ -1,4 +1,5 @@
-// gradzip._core.Communicator and AllreduceState: gradzip's compressed
+// gradzip._core.Communicator and ErrorFeedback (a collective's error-feedback
+// state, which gradzip.ErrorFeedback wraps): gradzip's compressed
 // allreduce over its own transports (UCX, NCCL), and a Store that forwards to
 // a Python object (torch.distributed's store), so a job that already has a
 // torch process group needs no second rendezvous port.
@@ -213,7 +214,7 @@ nb::dict stats_dict(const gz::AllreduceStats& s) {
 
 // One collective call on a buffer: checks, then `collective` with the GIL released.
 template <class Collective>
-nb::dict run_call(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+nb::dict run_call(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::ErrorFeedback& state,
                   std::string_view op, std::string_view algorithm, std::optional<std::string> server_codec,
                   std::uintptr_t stream, std::optional<double> timeout_s, Collective collective) {
   gz::Communicator& comm = h.get();
@@ -238,18 +239,18 @@ nb::dict run_call(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz:
   return stats_dict(stats);
 }
 
-nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+nb::dict allreduce(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::ErrorFeedback& state,
                    std::string_view op, std::string_view algorithm, std::optional<std::string> server_codec,
                    std::uintptr_t stream, std::optional<double> timeout_s) {
   return run_call(h, buffer, codec, state, op, algorithm, std::move(server_codec), stream, timeout_s,
-                  [](gz::Communicator& comm, const Span& b, gz::Codec& c, gz::AllreduceState& st,
+                  [](gz::Communicator& comm, const Span& b, gz::Codec& c, gz::ErrorFeedback& st,
                      const gz::AllreduceCall& call) { comm.allreduce(b.data, b.dtype, b.count, c, st, call); });
 }
 
-nb::dict reduce_scatter(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::AllreduceState& state,
+nb::dict reduce_scatter(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz::ErrorFeedback& state,
                         std::string_view op, std::uintptr_t stream, std::optional<double> timeout_s) {
   return run_call(h, buffer, codec, state, op, "auto", std::nullopt, stream, timeout_s,
-                  [](gz::Communicator& comm, const Span& b, gz::Codec& c, gz::AllreduceState& st,
+                  [](gz::Communicator& comm, const Span& b, gz::Codec& c, gz::ErrorFeedback& st,
                      const gz::AllreduceCall& call) {
                     if (b.dtype != gz::Dtype::Float32)
                       GZ_THROW(gz::InvalidArgument, "reduce_scatter takes float32 tensors, got ", gz::to_string(b.dtype));
@@ -257,7 +258,7 @@ nb::dict reduce_scatter(CommHandle& h, const OutArray& buffer, CodecHandle& code
                   });
 }
 
-nb::object layout(const gz::AllreduceState& s) {
+nb::object layout(const gz::ErrorFeedback& s) {
   if (!s.layout()) return nb::none();
   const auto& l = *s.layout();
   nb::dict d;
@@ -277,27 +278,28 @@ void bind_comm(nb::module_& m) {
         nb::arg("spec"),
         "The codec scatter_reduce re-encodes the chunk sums with by default, for codec `spec`:\n"
         "fp16 for onebit, the codec itself otherwise (docs/comm.md, 'The server phase').");
-  nb::class_<gz::AllreduceState>(
-      m, "AllreduceState",
-      "Error-feedback state of one buffer for Communicator.allreduce: the worker residual and, for\n"
-      "scatter_reduce, the server residual of this rank's chunk. Created empty; the first allreduce\n"
-      "binds it to that call's codec, size, rank, world size and algorithm.")
+  nb::class_<gz::ErrorFeedback>(
+      m, "ErrorFeedback",
+      "A collective's error-feedback state of one buffer (gz::ErrorFeedback; raw binding, which\n"
+      "gradzip.ErrorFeedback wraps): the worker residual and, for scatter_reduce, the server residual\n"
+      "of this rank's chunk. Created empty; the first allreduce or reduce_scatter binds it to that\n"
+      "call's codec, size, rank, world size and algorithm.")
       .def(nb::init<>())
-      .def("save", [](const gz::AllreduceState& s) {
+      .def("save", [](const gz::ErrorFeedback& s) {
              const std::string bytes = s.save();
              return nb::bytes(bytes.data(), bytes.size());
            },
            "Serialises layout and residuals (copied from the device if needed). Raises InvalidArgument\n"
            "for a state that was never used or restored.")
-      .def("restore", [](gz::AllreduceState& s, nb::bytes data) {
+      .def("restore", [](gz::ErrorFeedback& s, nb::bytes data) {
              s.restore(std::string_view(static_cast<const char*>(data.data()), data.size()));
            },
            nb::arg("data"),
            "Loads what save() returned; the next allreduce continues bit-identically. Raises\n"
            "InvalidArgument for malformed data or a state bound to another layout.")
-      .def("reset", &gz::AllreduceState::reset, "Forgets layout and residuals: the next call starts from zeros.")
-      .def_prop_ro("bound", &gz::AllreduceState::bound, "Whether the state holds a layout (used or restored).")
-      .def_prop_ro("memory_bytes", &gz::AllreduceState::bytes, "Bytes of residual memory held.")
+      .def("reset", &gz::ErrorFeedback::reset, "Forgets layout and residuals: the next call starts from zeros.")
+      .def_prop_ro("bound", &gz::ErrorFeedback::bound, "Whether the state holds a layout (used or restored).")
+      .def_prop_ro("memory_bytes", &gz::ErrorFeedback::bytes, "Bytes of residual memory held.")
       .def_prop_ro("layout", &layout, nb::sig("def layout(self) -> dict | None"),
                    "What the state is bound to (codec, n, rank, world_size, algorithm), or None.");
 
@@ -328,13 +330,13 @@ void bind_comm(nb::module_& m) {
       .def("allreduce", &allreduce, nb::arg("tensor").noconvert(), nb::arg("codec"), nb::arg("state"),
            nb::kw_only(), nb::arg("op") = "avg", nb::arg("algorithm") = "auto",
            nb::arg("server_codec") = nb::none(), nb::arg("stream") = 0, nb::arg("timeout") = nb::none(),
-           nb::sig("def allreduce(self, tensor: object, codec: Codec, state: AllreduceState, *, op: str = 'avg', "
+           nb::sig("def allreduce(self, tensor: object, codec: Codec, state: ErrorFeedback, *, op: str = 'avg', "
                    "algorithm: str = 'auto', server_codec: str | None = None, stream: int = 0, "
                    "timeout: float | None = None) -> dict"),
            "In place: tensor = sum or average over ranks, sent compressed; returns the call's stats.")
       .def("reduce_scatter", &reduce_scatter, nb::arg("tensor").noconvert(), nb::arg("codec"), nb::arg("state"),
            nb::kw_only(), nb::arg("op") = "avg", nb::arg("stream") = 0, nb::arg("timeout") = nb::none(),
-           nb::sig("def reduce_scatter(self, tensor: object, codec: Codec, state: AllreduceState, *, op: str = 'avg', "
+           nb::sig("def reduce_scatter(self, tensor: object, codec: Codec, state: ErrorFeedback, *, op: str = 'avg', "
                    "stream: int = 0, timeout: float | None = None) -> dict"),
            "In place: chunk `rank` of tensor (chunk_range) = that chunk's sum or average over ranks, sent\n"
            "compressed; the other chunks are read only. Returns the call's stats.")

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       for (gz::Algorithm algo : {gz::Algorithm::Allgather, gz::Algorithm::ScatterReduce, gz::Algorithm::Hierarchical})
       for (std::size_t segment : {std::size_t{0}, std::size_t{65536}}) {  // default cut, and many segments
         auto host_codec = gz::make_codec(spec), dev_codec = gz::make_codec(spec);
-        gz::AllreduceState host_state, dev_state;
+        gz::ErrorFeedback host_state, dev_state;
         gz::AllreduceCall hc, dc;
         hc.op = dc.op = gz::ReduceOp::Average;
         hc.algorithm = dc.algorithm = algo;

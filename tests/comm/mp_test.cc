@@ -53,7 +53,7 @@ TEST_P(Mp, NoneIsExactForEveryAlgorithmAndSize) {
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t(P - 1), std::size_t{1001}, std::size_t{300007}})
       for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
         for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average}) {
-          AllreduceState state;
+          ErrorFeedback state;
           auto buf = make_input(rank, n, 0, true);
           comm->allreduce(buf.data(), n, *codec, state, with(a, op));
           const auto exact = exact_sum(P, n, 0, true);
@@ -77,7 +77,7 @@ TEST_P(Mp, CodecsAreWithinBoundAndIdenticalOnAllRanks) {
       for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
         for (std::size_t n : {std::size_t{5}, std::size_t{40009}}) {
           auto codec = make_codec(spec);
-          AllreduceState state;
+          ErrorFeedback state;
           auto buf = make_input(rank, n);
           comm->allreduce(buf.data(), n, *codec, state, with(a));
           const double err = rel_error(buf, exact_sum(P, n));
@@ -106,7 +106,7 @@ TEST_P(Mp, ErrorFeedbackConvergesToTheRunningSum) {
     const int steps = 200;
     for (const char* spec : {"topk:density=0.01", "onebit"}) {
       auto codec = make_codec(spec);
-      AllreduceState state;
+      ErrorFeedback state;
       std::vector<double> got(n), want(n);
       for (int s = 0; s < steps; ++s) {
         auto buf = make_input(rank, n, s);
@@ -133,7 +133,7 @@ TEST_P(Mp, MismatchFailsOnEveryRankNamingTheRank) {
   const auto res = run_ranks(P, [odd](int rank) {
     auto comm = Communicator::from_env(TransportKind::Ucx);
     auto codec = make_codec(rank == odd ? "fp16" : "onebit");
-    AllreduceState state;
+    ErrorFeedback state;
     std::vector<float> buf(rank == odd ? 77 : 100, 1.0f);
     comm->allreduce(buf.data(), buf.size(), *codec, state);
     return kOk;
@@ -172,7 +172,7 @@ TEST_P(Mp, SegmentedCallsGiveTheUnsegmentedBits) {
       for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
         for (std::size_t segment : {std::size_t{1} << 40, std::size_t{1}, std::size_t{20000}}) {
           auto codec = make_codec(spec);
-          AllreduceState state;
+          ErrorFeedback state;
           std::vector<float> buf;
           AllreduceCall call = with(a, ReduceOp::Average);
           call.segment_bytes = segment;
@@ -213,7 +213,7 @@ TEST(MpHierarchical, NodesFoundAndTheResultExact) {
     const std::size_t n = 100003;
     {
       auto codec = make_codec("none");
-      AllreduceState state;
+      ErrorFeedback state;
       auto buf = make_input(rank, n, 0, true);
       AllreduceStats stats;
       AllreduceCall call;
@@ -225,7 +225,7 @@ TEST(MpHierarchical, NodesFoundAndTheResultExact) {
       for (std::size_t i = 0; i < n; ++i) MP_CHECK(buf[i] == static_cast<float>(exact[i]));
     }
     auto codec = make_codec("onebit");
-    AllreduceState state;
+    ErrorFeedback state;
     auto buf = make_input(rank, n);
     comm->allreduce(buf.data(), n, *codec, state);
     MP_CHECK(rel_error(buf, exact_sum(4, n)) <= allreduce_error_bound(codec->config()));
@@ -275,7 +275,7 @@ std::vector<double> kill_one_rank(const std::map<std::string, std::string>& env,
     if (c.per_node) ::setenv("GRADZIP_NODE", std::to_string(rank / c.per_node).c_str(), 1);
     auto comm = Communicator::from_env(TransportKind::Ucx);
     auto codec = make_codec(c.codec);
-    AllreduceState state;
+    ErrorFeedback state;
     const std::size_t n = 1 << 20;
     std::vector<float> buf(n, 1.0f);
     AllreduceCall call;
@@ -337,7 +337,7 @@ TEST(MpFailure, SilentRankMakesTheOthersTimeOut) {
   const auto res = run_ranks(P, [P](int rank) {
     auto comm = Communicator::from_env(TransportKind::Ucx);
     auto codec = make_codec("onebit");
-    AllreduceState state;
+    ErrorFeedback state;
     std::vector<float> buf(1000, 1.0f);
     comm->allreduce(buf.data(), buf.size(), *codec, state);
     if (rank == P - 1) {
@@ -378,12 +378,12 @@ TEST(MpState, SaveRestoreContinuesBitIdentically) {
     const std::size_t n = 10007;
     std::uint64_t fp[2] = {0, 0};
     for (int mode = 0; mode < 2; ++mode) {
-      auto state = std::make_unique<AllreduceState>();
+      auto state = std::make_unique<ErrorFeedback>();
       std::vector<float> buf;
       for (int s = 0; s < 8; ++s) {
         if (mode == 1 && s == 4) {
           const std::string saved = state->save();
-          state = std::make_unique<AllreduceState>();
+          state = std::make_unique<ErrorFeedback>();
           state->restore(saved);
         }
         buf = make_input(rank, n, s);

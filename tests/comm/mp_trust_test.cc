@@ -82,7 +82,7 @@ TEST(MpTrust, StrayClientCannotForgeTheAgreement) {
   const auto res = run_ranks(2, [](int rank) {
     auto comm = Communicator::from_env(TransportKind::Ucx);
     auto codec = make_codec("none");
-    AllreduceState state;
+    ErrorFeedback state;
     AllreduceCall call;
     call.op = rank == 0 ? ReduceOp::Average : ReduceOp::Sum;
     for (int step = 0; step < 5; ++step) {
@@ -112,7 +112,7 @@ TEST(MpTrust, StrayWritesDuringTheWholeJobChangeNothing) {
     auto comm = Communicator::from_env(TransportKind::Ucx);
     auto codec = make_codec("none");
     for (int step = 0; step < 20; ++step) {
-      AllreduceState state;  // a new state: every step agrees again
+      ErrorFeedback state;  // a new state: every step agrees again
       const std::size_t n = 1000 + static_cast<std::size_t>(step);
       auto buf = make_input(rank, n, step, true);
       comm->allreduce(buf.data(), n, *codec, state);
@@ -139,7 +139,7 @@ TEST(MpTrust, TwoJobsOnOnePortNeverMix) {
         for (int step = 0; step < 10; ++step) {
           const int seed = 1000 * job + step;
           auto buf = make_input(rank, 4096, seed, true);
-          AllreduceState state;
+          ErrorFeedback state;
           comm->allreduce(buf.data(), buf.size(), *codec, state);
           const auto exact = exact_sum(2, 4096, seed, true);
           for (std::size_t i = 0; i < buf.size(); ++i)

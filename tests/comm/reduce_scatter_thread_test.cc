@@ -6,10 +6,8 @@
 // bits for codecs whose payload does not depend on where a segment starts.
 #include <gtest/gtest.h>
 
-#include <functional>
-#include <mutex>
-
 #include "comm/reduce_scatter.h"
+#include "tests/comm/collective_call.h"
 #include "tests/comm/reference.h"
 #include "tests/comm/thread_transport.h"
 
@@ -37,37 +35,18 @@ std::vector<float> chunk_of(const std::vector<float>& v, std::size_t n, int P, i
   return {v.begin() + static_cast<std::ptrdiff_t>(c.offset), v.begin() + static_cast<std::ptrdiff_t>(c.offset + c.count)};
 }
 
-// A call's options: the parts every test sets, 20 s timeout.
-ReduceScatterOptions options(Transport& t, Store& store, AllreduceWorkspace& ws, Codec& codec, AllreduceState& state,
-                             std::vector<float>& buf) {
-  ReduceScatterOptions o;
-  o.transport = &t;
-  o.store = &store;
-  o.workspace = &ws;
-  o.codec = &codec;
-  o.state = &state;
-  o.buffer = buf.data();
-  o.n = buf.size();
-  o.timeout = Timeout(20000);
-  return o;
-}
-
 // `steps` reduce-scatters on P threads; each rank's buffer after the last.
 std::vector<RankResult> run(int P, std::size_t n, const std::string& spec, const Setting& set) {
   std::vector<RankResult> res(static_cast<std::size_t>(P));
   const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
     auto codec = make_codec(spec);
     AllreduceWorkspace ws;
-    auto state = std::make_unique<AllreduceState>();
+    auto state = std::make_unique<ErrorFeedback>();
     auto& mine = res[static_cast<std::size_t>(r)];
     for (int step = 0; step < set.steps; ++step) {
-      if (step == set.restore_at) {
-        const std::string saved = state->save();
-        state = std::make_unique<AllreduceState>();
-        state->restore(saved);
-      }
+      if (step == set.restore_at) checkpoint(state);
       mine.buffer = make_input(r, n, step, set.integer);
-      ReduceScatterOptions o = options(t, store, ws, *codec, *state, mine.buffer);
+      auto o = call_options<ReduceScatterOptions>(t, store, ws, *codec, *state, mine.buffer);
       o.op = set.op;
       o.segment_bytes = set.segment_bytes;
       o.stats = &mine.stats;
@@ -208,33 +187,13 @@ TEST(ReduceScatter, SendsEachOtherRanksChunkOnce) {
   EXPECT_LT(onebit[0].stats.wire_bytes * 20, got[0].stats.wire_bytes);
 }
 
-// Error feedback: the running sum of a rank's chunk results tracks the exact
-// running sum, and much better than without EF.
-double running_sum_error(int P, std::size_t n, int steps, const std::string& spec) {
-  std::vector<double> got(n), want(n);
-  std::mutex mu;
-  const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
-    auto codec = make_codec(spec);
-    AllreduceWorkspace ws;
-    AllreduceState state;
-    const ChunkRange c = chunk_range(n, P, r);
-    for (int step = 0; step < steps; ++step) {
-      auto buf = make_input(r, n, step);
-      reduce_scatter(options(t, store, ws, *codec, state, buf));
-      const auto ex = exact_sum(P, n, step);
-      std::lock_guard lock(mu);
-      for (std::size_t i = c.offset; i < c.offset + c.count; ++i) got[i] += buf[i], want[i] += ex[i];
-    }
-  });
-  for (const auto& e : errors) EXPECT_EQ(e, nullptr) << what(e);
-  return rel_error(got, want);
-}
-
+// Error feedback: the running sum of every rank's chunk results tracks the
+// exact running sum (collective_call.h), and much better than without EF.
 TEST(ReduceScatter, ErrorFeedbackConvergesToTheRunningSum) {
   for (const std::string spec : {"onebit", "topk:density=0.01"}) {
     SCOPED_TRACE(spec);
-    const double with_ef = running_sum_error(3, 2000, 200, spec);
-    const double without = running_sum_error(3, 2000, 200, spec + (spec.find(':') == std::string::npos ? ":ef=off" : ",ef=off"));
+    const double with_ef = running_sum_error<ReduceScatterOptions>(3, 2000, 200, spec);
+    const double without = running_sum_error<ReduceScatterOptions>(3, 2000, 200, without_ef(spec));
     // The running sum misses only what the residuals hold, which stays
     // bounded while the sum grows (the thresholds of the allreduce's test).
     EXPECT_LT(with_ef, 0.3);
@@ -260,9 +219,9 @@ TEST(ReduceScatter, MismatchedCallsFailOnEveryRankNamingThem) {
   const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
     auto codec = make_codec(r == 2 ? "onebit" : "none");
     AllreduceWorkspace ws;
-    AllreduceState state;
+    ErrorFeedback state;
     std::vector<float> buf(r == 1 ? 60 : 90, 1.0f);
-    reduce_scatter(options(t, store, ws, *codec, state, buf));
+    reduce_scatter(call_options<ReduceScatterOptions>(t, store, ws, *codec, state, buf));
   });
   for (int r = 0; r < P; ++r) {
     const std::string m = what(errors[static_cast<std::size_t>(r)]);
@@ -278,16 +237,14 @@ TEST(ReduceScatter, AgainstAnAllreduceFailsOnEveryRank) {
   const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
     auto codec = make_codec("none");
     AllreduceWorkspace ws;
-    AllreduceState state;
+    ErrorFeedback state;
     std::vector<float> buf(64, 1.0f);
-    AllreduceOptions o;
-    o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-    o.buffer = buf.data(); o.n = buf.size(); o.timeout = Timeout(20000);
+    auto o = call_options<AllreduceOptions>(t, store, ws, *codec, state, buf);
     o.algorithm = Algorithm::ScatterReduce;
     if (r == 0) {
       allreduce(o);
     } else {
-      reduce_scatter(options(t, store, ws, *codec, state, buf));
+      reduce_scatter(call_options<ReduceScatterOptions>(t, store, ws, *codec, state, buf));
     }
   });
   for (int r = 0; r < P; ++r) {
@@ -301,13 +258,12 @@ TEST(ReduceScatter, RefusesAnAllreducesStateAndAllreduceRefusesIt) {
   const auto errors = run_threads(2, [&](int r, Transport& t, Store& store) {
     auto codec = make_codec("onebit");
     AllreduceWorkspace ws;
-    AllreduceState state;
+    ErrorFeedback state;
     auto buf = make_input(r, 256);
-    AllreduceOptions o;
-    o.transport = &t; o.store = &store; o.workspace = &ws; o.codec = codec.get(); o.state = &state;
-    o.buffer = buf.data(); o.n = buf.size(); o.timeout = Timeout(20000);
+    auto o = call_options<AllreduceOptions>(t, store, ws, *codec, state, buf);
     allreduce(o);  // binds the state to the allreduce
-    EXPECT_THROW(reduce_scatter(options(t, store, ws, *codec, state, buf)), InvalidArgument);  // local: no agreement
+    EXPECT_THROW(reduce_scatter(call_options<ReduceScatterOptions>(t, store, ws, *codec, state, buf)),
+                 InvalidArgument);  // local: no agreement
     o.algorithm = Algorithm::ReduceScatter;
     EXPECT_THROW(allreduce(o), InvalidArgument);
   });
@@ -318,14 +274,14 @@ TEST(ReduceScatter, SavedStateNamesItsCollective) {
   const auto errors = run_threads(2, [&](int r, Transport& t, Store& store) {
     auto codec = make_codec("onebit");
     AllreduceWorkspace ws;
-    AllreduceState state;
+    ErrorFeedback state;
     auto buf = make_input(r, 256);
-    reduce_scatter(options(t, store, ws, *codec, state, buf));
+    reduce_scatter(call_options<ReduceScatterOptions>(t, store, ws, *codec, state, buf));
     ASSERT_TRUE(state.layout().has_value());
     EXPECT_EQ(state.layout()->algorithm, Algorithm::ReduceScatter);
     EXPECT_EQ(state.layout()->worker_count, 256u);
     EXPECT_EQ(state.layout()->server_count, 0u);
-    AllreduceState copy;
+    ErrorFeedback copy;
     copy.restore(state.save());
     EXPECT_EQ(copy.layout(), state.layout());
   });

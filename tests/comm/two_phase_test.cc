@@ -47,7 +47,7 @@ Steps run(int P, std::size_t n, const std::string& spec, const Call& call, int s
   const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
     auto codec = make_codec(spec);
     AllreduceWorkspace ws;
-    AllreduceState state;
+    ErrorFeedback state;
     AllreduceStats stats;
     for (int s = 0; s < steps; ++s) {
       std::vector<float> buf = input(r, s);

@@ -42,7 +42,7 @@ std::string request(gz::store_proto::Op op, const std::vector<std::string>& keys
   return b;
 }
 
-// A saved state as allreduce_state.cc writes it.
+// A saved state as error_feedback.cc writes it.
 std::string saved(const std::string& spec, std::uint64_t n, std::uint32_t rank, std::uint32_t world,
                   std::uint8_t algorithm, std::uint64_t worker, std::uint64_t server) {
   std::string s;

@@ -1,4 +1,4 @@
-// libFuzzer target: AllreduceState::restore, the parser of saved
+// libFuzzer target: ErrorFeedback::restore, the parser of saved
 // error-feedback states (checkpoint files). Odd byte 0: the rest is restored
 // as it is, so the checksum refuses nearly all of it; even byte 0: the
 // fuzzer's bytes get a correct checksum first (what a deliberate edit of a
@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     in.resize(in.size() - 8);
     gz::bytes::Writer(in).put(gz::checksum64(in));
   }
-  gz::AllreduceState state;
+  gz::ErrorFeedback state;
   try {
     state.restore(in);
   } catch (const gz::InvalidArgument&) {

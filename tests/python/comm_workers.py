@@ -36,16 +36,16 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
     # none: the exact sum / average, on numpy and torch buffers.
     for algorithm in ("allgather", "scatter_reduce"):
         x = data(rank, 0, n)
-        stats = comm.allreduce(x, gradzip.Codec("none"), gradzip.AllreduceState(), op="sum", algorithm=algorithm)
+        stats = comm.allreduce(x, gradzip.Codec("none"), gradzip.ErrorFeedback(), op="sum", algorithm=algorithm)
         out[f"none_sum/{algorithm}"] = float(np.abs(x - exact).max())
         out[f"stats/{algorithm}"] = stats
         t = torch.from_numpy(data(rank, 0, n))
-        comm.allreduce(t, gradzip.Codec("none"), gradzip.AllreduceState(), op="avg", algorithm=algorithm)
+        comm.allreduce(t, gradzip.Codec("none"), gradzip.ErrorFeedback(), op="avg", algorithm=algorithm)
         out[f"none_avg/{algorithm}"] = float(np.abs(t.numpy() - exact / world).max())
 
     # Lossy codecs: every rank ends with the same bits.
     for spec in ("onebit", "topk:density=0.01", "fp16", "topk:density=0.05,select=sample"):
-        codec, state = gradzip.Codec(spec), gradzip.AllreduceState()
+        codec, state = gradzip.Codec(spec), gradzip.ErrorFeedback()
         for step in range(3):
             x = data(rank, step, n)
             comm.allreduce(x, codec, state)
@@ -61,7 +61,7 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
     same = []
     out["server_codec_spec/onebit"] = gradzip.server_codec_spec("onebit")
     for server in (None, "onebit"):
-        codec, state = gradzip.Codec("onebit"), gradzip.AllreduceState()
+        codec, state = gradzip.Codec("onebit"), gradzip.ErrorFeedback()
         model = ScatterReduceModel("onebit", world, server)
         for step in range(3):
             grads = [data(r, step, n) for r in range(world)]
@@ -72,36 +72,52 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
 
     # Save and restore: continues bit-identically.
     codec = gradzip.Codec("onebit")
-    state = gradzip.AllreduceState()
+    state = gradzip.ErrorFeedback()
     for step in range(2):
         comm.allreduce(data(rank, step, n), codec, state, algorithm="scatter_reduce")
     saved = state.state_dict()
     after = [data(rank, step, n) for step in (2, 3)]
     for x in after:
         comm.allreduce(x, codec, state, algorithm="scatter_reduce")
-    restored = gradzip.AllreduceState()
-    restored.load_state_dict(saved)
-    again = [data(rank, step, n) for step in (2, 3)]
-    for x in again:
-        comm.allreduce(x, codec, restored, algorithm="scatter_reduce")
-    out["resume"] = all(np.array_equal(a, b) for a, b in zip(after, again))
+    # This release's state dict, and the literal one gradzip.AllreduceState gave.
+    for name, saved_dict in (("resume", saved), ("resume_v1", {"version": 1, "data": saved["data"]})):
+        restored = gradzip.ErrorFeedback()
+        restored.load_state_dict(saved_dict)
+        again = [data(rank, step, n) for step in (2, 3)]
+        for x in again:
+            comm.allreduce(x, codec, restored, algorithm="scatter_reduce")
+        out[name] = all(np.array_equal(a, b) for a, b in zip(after, again))
+
+    # A state serves one role: one that Codec.encode bound is refused by the
+    # collective before anything is sent (the same on every rank), and the
+    # reverse.
+    encoded, shared = gradzip.ErrorFeedback(), gradzip.ErrorFeedback()
+    codec.encode(data(rank, 0, n), encoded)
+    comm.allreduce(data(rank, 0, n), codec, shared)
+    for name, call in (("encode_then_allreduce", lambda: comm.allreduce(data(rank, 0, n), codec, encoded)),
+                       ("allreduce_then_encode", lambda: codec.encode(data(rank, 0, n), shared))):
+        try:
+            call()
+            out[name] = None
+        except gradzip.InvalidArgument as e:
+            out[name] = str(e)
 
     # Ranks that disagree get the same clear error.
     spec = "onebit" if rank == 0 else "fp16"
     try:
-        comm.allreduce(data(rank, 0, n), gradzip.Codec(spec), gradzip.AllreduceState())
+        comm.allreduce(data(rank, 0, n), gradzip.Codec(spec), gradzip.ErrorFeedback())
         out["disagree"] = None
     except gradzip.InvalidArgument as e:
         out["disagree"] = str(e)
 
     # Bad input is refused before anything is sent.
     try:
-        comm.allreduce(np.zeros(10), gradzip.Codec("none"), gradzip.AllreduceState())
+        comm.allreduce(np.zeros(10), gradzip.Codec("none"), gradzip.ErrorFeedback())
     except gradzip.InvalidArgument as e:
         out["bad_dtype"] = str(e)
     for bad in ("twobit", 3):  # a server codec that is not one: refused before anything is sent
         try:
-            comm.allreduce(np.zeros(10, np.float32), gradzip.Codec("onebit"), gradzip.AllreduceState(),
+            comm.allreduce(np.zeros(10, np.float32), gradzip.Codec("onebit"), gradzip.ErrorFeedback(),
                            server_codec=bad)
         except gradzip.InvalidArgument as e:
             out[f"bad_server_codec/{bad}"] = str(e)
@@ -114,6 +130,6 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
     os.environ["MASTER_PORT"] = str(int(port))
     with gradzip.Communicator.from_env("ucx", timeout=30) as env_comm:
         x = data(rank, 0, n)
-        env_comm.allreduce(x, gradzip.Codec("none"), gradzip.AllreduceState(), op="sum")
+        env_comm.allreduce(x, gradzip.Codec("none"), gradzip.ErrorFeedback(), op="sum")
         out["from_env"] = float(np.abs(x - exact).max())
     return out

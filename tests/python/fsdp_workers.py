@@ -43,7 +43,7 @@ def collective_suite(rank: int, world: int) -> Dict[str, Any]:
         want = torch.empty(shard)
         dist.reduce_scatter_tensor(want, x.clone(), op=torch_op)
         got = torch.empty(shard)
-        stats = comm.reduce_scatter(x, got, gradzip.Codec("none"), gradzip.AllreduceState(), op=op)
+        stats = comm.reduce_scatter(x, got, gradzip.Codec("none"), gradzip.ErrorFeedback(), op=op)
         out[f"none_equal/{op}"] = bool(torch.equal(got, want))
         out[f"none_stats/{op}"] = stats
         out[f"none_wire/{op}"] = stats["wire_bytes"] == (world - 1) * shard * 4
@@ -53,7 +53,7 @@ def collective_suite(rank: int, world: int) -> Dict[str, Any]:
     # with that rank's residual, decoded and summed in rank order, x 1/P), over
     # three EF steps; and is within the codec's bound of the exact average.
     for spec in ("onebit", "topk:density=0.01", "fp16"):
-        codec, state = gradzip.Codec(spec), gradzip.AllreduceState()
+        codec, state = gradzip.Codec(spec), gradzip.ErrorFeedback()
         residuals = [gradzip.ErrorFeedback() for _ in range(world)]
         same, errors = [], []
         for step in range(3):
@@ -77,7 +77,7 @@ def collective_suite(rank: int, world: int) -> Dict[str, Any]:
     # Error feedback: the running sum of this rank's shard over many steps
     # converges to the exact running sum (and beats no EF by far).
     for spec in ("onebit", "onebit:ef=off"):
-        codec, state = gradzip.Codec(spec), gradzip.AllreduceState()
+        codec, state = gradzip.Codec(spec), gradzip.ErrorFeedback()
         got_sum, want_sum = torch.zeros(shard, dtype=torch.float64), torch.zeros(shard, dtype=torch.float64)
         for step in range(100):
             x = data(rank, step, n) + 0.3  # a mean that persists: what EF must not lose
@@ -89,7 +89,7 @@ def collective_suite(rank: int, world: int) -> Dict[str, Any]:
         out[f"running_error/{spec}"] = float((got_sum - want_sum).norm() / want_sum.norm())
 
     # A checkpoint continues bit-identically.
-    codec, state = gradzip.Codec("topk:density=0.02"), gradzip.AllreduceState()
+    codec, state = gradzip.Codec("topk:density=0.02"), gradzip.ErrorFeedback()
     for step in range(2):
         comm.reduce_scatter(data(rank, step, n), torch.empty(shard), codec, state)
     saved = copy.deepcopy(state.state_dict())
@@ -97,7 +97,7 @@ def collective_suite(rank: int, world: int) -> Dict[str, Any]:
     for step in (2, 3):
         straight.append(torch.empty(shard))
         comm.reduce_scatter(data(rank, step, n), straight[-1], codec, state)
-    restored = gradzip.AllreduceState()
+    restored = gradzip.ErrorFeedback()
     restored.load_state_dict(saved)
     for step in (2, 3):
         resumed.append(torch.empty(shard))
@@ -108,19 +108,19 @@ def collective_suite(rank: int, world: int) -> Dict[str, Any]:
     none = gradzip.Codec("none")
     out["bad_dtype"] = error_of(lambda: comm.reduce_scatter(torch.zeros(n, dtype=torch.float64),
                                                             torch.zeros(shard, dtype=torch.float64), none,
-                                                            gradzip.AllreduceState()))
+                                                            gradzip.ErrorFeedback()))
     out["bad_size"] = error_of(lambda: comm.reduce_scatter(torch.zeros(n + 1), torch.zeros(shard), none,
-                                                           gradzip.AllreduceState()))
+                                                           gradzip.ErrorFeedback()))
     out["bad_output"] = error_of(lambda: comm.reduce_scatter(torch.zeros(n), torch.zeros(shard + 1), none,
-                                                             gradzip.AllreduceState()))
+                                                             gradzip.ErrorFeedback()))
     # Mismatched codecs: the agreement fails on every rank with one message.
     spec = "onebit" if rank == 0 else "topk"
     out["mismatch"] = error_of(lambda: comm.reduce_scatter(data(rank, 0, n), torch.empty(shard),
-                                                           gradzip.Codec(spec), gradzip.AllreduceState()))
+                                                           gradzip.Codec(spec), gradzip.ErrorFeedback()))
     # ...and the communicator still works after it.
     x = data(rank, 0, n)
     got = torch.empty(shard)
-    comm.reduce_scatter(x, got, none, gradzip.AllreduceState(), op="sum")
+    comm.reduce_scatter(x, got, none, gradzip.ErrorFeedback(), op="sum")
     want = torch.empty(shard)
     dist.reduce_scatter_tensor(want, data(rank, 0, n), op=dist.ReduceOp.SUM)
     out["after_mismatch"] = bool(torch.equal(got, want))

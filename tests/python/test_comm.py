@@ -45,6 +45,13 @@ def test_scatter_reduce_is_the_documented_algorithm(suite):
 
 def test_state_dict_continues_bit_identically(suite):
     assert all(r["resume"] for r in suite)
+    assert all(r["resume_v1"] for r in suite)  # a state dict gradzip.AllreduceState saved
+
+
+@pytest.mark.parametrize("case", ["encode_then_allreduce", "allreduce_then_encode"])
+def test_a_state_serves_either_encode_or_a_collective(suite, case):
+    for r in suite:
+        assert r[case] is not None and "Codec.encode" in r[case] and "collective" in r[case], r[case]
 
 
 def test_disagreeing_ranks_get_a_clear_error(suite):

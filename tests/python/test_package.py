@@ -32,7 +32,7 @@ def test_stub_covers_the_extension():
                  "class InvalidArgument", "class PayloadError", "def canonical_spec", "def payload_info"):
         assert name in stub, name
     if gradzip.BUILD["comm"]:
-        for name in ("class Communicator", "class AllreduceState", "def allreduce", "def from_store"):
+        for name in ("class Communicator", "class ErrorFeedback", "def allreduce", "def from_store"):
             assert name in stub, name
 
 

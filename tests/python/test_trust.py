@@ -12,6 +12,7 @@ import pytest
 import gradzip
 import trust_workers
 from dist_util import run_ranks
+from saved_state import saved_state
 
 HAS_UCX = gradzip.BUILD["comm"] and gradzip.BUILD["ucx"]
 
@@ -79,20 +80,10 @@ def test_size_arithmetic_is_checked():
             gradzip.Codec(spec).max_payload_bytes(1 << 62)
 
 
-def saved_state(spec: bytes = b"onebit", n: int = 8, residual: float = 0.5, world: int = 1, count=None) -> bytes:
-    """AllreduceState.save()'s format (comm/allreduce_state.cc), written here so
-    the test can put into it what a damaged or edited file would hold."""
-    count = n if count is None else count
-    body = struct.pack("<III", 0x46455A47, 2, len(spec)) + spec
-    body += struct.pack("<QIIBQQ", n, 0, world, 1, count, 0)
-    body += struct.pack(f"<{count}f", *([residual] * count))
-    return body + struct.pack("<Q", gradzip._core._checksum64(body))
-
-
 @pytest.mark.skipif(not gradzip.BUILD["comm"], reason="this gradzip build has no communicator")
 def test_saved_states_are_checked_before_use():
-    state = gradzip.AllreduceState()
-    state.restore(saved_state())  # the format as written above is right
+    state = gradzip.ErrorFeedback()
+    state.load_state_dict({"version": 1, "data": saved_state()})  # the format as saved_state.py writes it is right
     assert state.layout["n"] == 8
     good = saved_state()
     cases = {
@@ -105,12 +96,11 @@ def test_saved_states_are_checked_before_use():
         "world 2^32-1": (saved_state(world=0xFFFFFFFF), "world size"),
     }
     for name, (data, word) in cases.items():
-        with pytest.raises(gradzip.InvalidArgument, match=word):
-            gradzip.AllreduceState().restore(data)
-        with pytest.raises(gradzip.InvalidArgument):
-            gradzip.AllreduceState().load_state_dict({"version": 1, "data": data})
+        for version in ({"version": 1}, {"version": 2, "role": "collective"}):
+            with pytest.raises(gradzip.InvalidArgument, match=word):
+                gradzip.ErrorFeedback().load_state_dict({**version, "data": data})
     with pytest.raises(gradzip.InvalidArgument):
-        gradzip.AllreduceState().load_state_dict({"version": 1, "data": "not bytes"})
+        gradzip.ErrorFeedback().load_state_dict({"version": 1, "data": "not bytes"})
 
 
 def test_error_feedback_rejects_non_finite_residuals():

@@ -48,9 +48,9 @@ class CommunicatorExchange:
         self.comm = comm
         self.codec = codec
         self.algorithm = algorithm
-        self._states: List[Any] = [gradzip.AllreduceState() for _ in range(buffers)]
+        self._states: List[Any] = [gradzip.ErrorFeedback() for _ in range(buffers)]
         self._fp32 = gradzip.Codec("none")
-        self._fp32_state = gradzip.AllreduceState()
+        self._fp32_state = gradzip.ErrorFeedback()
 
     @property
     def size(self) -> int:
@@ -76,7 +76,7 @@ class CommunicatorExchange:
         if self.comm.rank != 0:
             flat.zero_()
         # A state of its own: a state is bound to one buffer size.
-        self.comm.allreduce(flat, self._fp32, gradzip.AllreduceState(), op="sum")
+        self.comm.allreduce(flat, self._fp32, gradzip.ErrorFeedback(), op="sum")
 
     def agree(self, what: str, fields: Dict[str, Any], device: torch.device) -> None:
         import gradzip
@@ -90,7 +90,7 @@ class CommunicatorExchange:
         self.broadcast_(rank0)
         differs = torch.zeros(self.size, dtype=torch.float32, device=device)
         differs[self.rank] = 0.0 if torch.equal(mine, rank0) else 1.0
-        self.comm.allreduce(differs, self._fp32, gradzip.AllreduceState(), op="sum")
+        self.comm.allreduce(differs, self._fp32, gradzip.ErrorFeedback(), op="sum")
         ranks = [r for r, d in enumerate(differs.tolist()) if d != 0]
         if ranks:
             raise ValueError(f"the ranks disagree on the {what}: ranks {', '.join(map(str, ranks))} differ from "

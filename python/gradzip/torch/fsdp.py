@@ -80,7 +80,7 @@ class FSDPCompressionState:
     def __init__(self, codec: Union[str, Codec] = "onebit", timeout: Optional[float] = None) -> None:
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
         self.timeout = timeout
-        self._efs: Dict[str, Any] = {}  # FSDP module name -> gradzip.AllreduceState
+        self._efs: Dict[str, Any] = {}  # FSDP module name -> gradzip.ErrorFeedback
         self._comms: Dict[int, Any] = {}  # id(process group) -> (group, Communicator)
         self._world_size: Optional[int] = None
         self._stats = _new_stats()
@@ -121,11 +121,11 @@ class FSDPCompressionState:
         if state.get("codec") != self.codec.spec:
             raise ValueError(f"the state_dict was saved with codec={state.get('codec')!r}, this state has "
                              f"{self.codec.spec!r}")
-        from .. import AllreduceState
+        from .. import ErrorFeedback
 
         efs = {}
         for name, saved in state["groups"].items():
-            ef = AllreduceState()
+            ef = ErrorFeedback()
             ef.load_state_dict(saved)
             efs[name] = ef
         self._efs = efs
@@ -188,11 +188,11 @@ class FSDPCompressionState:
         return entry[1]
 
     def _residual(self, name: str, n: int, rank: int, size: int) -> Any:
-        from .. import AllreduceState
+        from .. import ErrorFeedback
 
         ef = self._efs.get(name)
         if ef is None:
-            ef = self._efs[name] = AllreduceState()
+            ef = self._efs[name] = ErrorFeedback()
         layout = ef.layout
         if layout is not None and layout["n"] != n and (layout["rank"], layout["world_size"]) == (rank, size):
             # FSDP reduces only the parameters that got gradients: another set

@@ -258,9 +258,9 @@ class CompressionState:
         self._worker = _worker.Worker()
 
     def _new_ef(self) -> Any:
-        from .. import AllreduceState
+        from .. import ErrorFeedback
 
-        return AllreduceState()
+        return ErrorFeedback()
 
     def _make_ef(self, n: int, sources: List[_layout.Source]) -> Any:
         """Error feedback of a new segment. Residuals live in C++ per bucket

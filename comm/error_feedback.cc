@@ -1,4 +1,5 @@
-// AllreduceState save/restore and the workspace's size arithmetic.
+// ErrorFeedback (error_feedback.h): the residual sizes of a layout, and
+// save/restore.
 //
 // Saved format (little-endian):
 //   u32 magic "GZEF" | u32 version 2 | u32 spec_bytes | spec | u64 n |
@@ -9,7 +10,9 @@
 // every field against its limit before any size arithmetic, then the
 // residuals, which must be finite (one NaN would spread to every rank's
 // result on the next call).
-#include <atomic>
+#include "comm/error_feedback.h"
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -29,7 +32,7 @@ constexpr std::size_t kMaxSpec = 256;
 constexpr std::uint32_t kMaxWorld = 1u << 24;
 constexpr std::size_t kChecksumBytes = 8;
 
-[[noreturn]] void malformed(const std::string& why) { GZ_THROW(InvalidArgument, "saved allreduce state: ", why); }
+[[noreturn]] void malformed(const std::string& why) { GZ_THROW(InvalidArgument, "saved error feedback state: ", why); }
 
 // A truncated field throws, naming it.
 template <class T>
@@ -61,17 +64,33 @@ void read_residual(bytes::Reader& in, std::vector<float>& out, std::uint64_t cou
                 ", not finite");
 }
 
-std::string describe(const AllreduceState::Layout& l) {
+std::string describe(const ErrorFeedback::Layout& l) {
   return "codec=" + l.codec + " n=" + std::to_string(l.n) + " rank=" + std::to_string(l.rank) + "/" +
          std::to_string(l.world) + " algorithm=" + to_string(l.algorithm);
 }
 
-std::atomic<std::uint64_t> next_workspace_id{1};
-
 }  // namespace
 
-std::string AllreduceState::save() const {
-  GZ_ENFORCE(layout_.has_value(), "this allreduce state was never used or restored; nothing to save");
+std::pair<std::uint64_t, std::uint64_t> ErrorFeedback::residual_counts(const CodecConfig& codec, std::uint64_t n,
+                                                                       int rank, int world, Algorithm algorithm,
+                                                                       const Topology* topology) {
+  if (!codec.ef) return {0, 0};
+  if (algorithm != Algorithm::Hierarchical)
+    return {n, algorithm == Algorithm::ScatterReduce ? chunk_range(n, world, rank).count : 0};
+  // Hierarchical: this rank's shard of its node, and (when the nodes run
+  // scatter_reduce across) its node's chunk of that shard.
+  GZ_ENFORCE(topology != nullptr, "the hierarchical allreduce needs the topology");
+  const int node = topology->node[static_cast<std::size_t>(rank)];
+  const auto local = topology->members(node);
+  const int L = static_cast<int>(local.size()), N = topology->nodes();
+  const int l = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+  const std::uint64_t shard = chunk_range(n, L, l).count;
+  const Algorithm inner = resolve_algorithm(Algorithm::Auto, codec, N);
+  return {shard, inner == Algorithm::ScatterReduce ? chunk_range(shard, N, node).count : 0};
+}
+
+std::string ErrorFeedback::save() const {
+  GZ_ENFORCE(layout_.has_value(), "this error feedback state was never used or restored; nothing to save");
   const Layout& l = *layout_;
   std::string s;
   bytes::Writer w(s);
@@ -99,9 +118,9 @@ std::string AllreduceState::save() const {
   return s;
 }
 
-void AllreduceState::restore(std::string_view saved) {
+void ErrorFeedback::restore(std::string_view saved) {
   bytes::Reader head(saved);
-  if (read<std::uint32_t>(head, "magic") != kStateMagic) malformed("not a saved allreduce state (bad magic)");
+  if (read<std::uint32_t>(head, "magic") != kStateMagic) malformed("not a saved error feedback state (bad magic)");
   const auto version = read<std::uint32_t>(head, "version");
   if (version != kStateVersion)
     malformed("version " + std::to_string(version) + "; this build reads version " + std::to_string(kStateVersion) +
@@ -133,8 +152,8 @@ void AllreduceState::restore(std::string_view saved) {
   // Hierarchical residuals depend on the nodes, which the saved state does
   // not hold: the first call checks them against its layout.
   const bool nodes = l.algorithm == Algorithm::Hierarchical;
-  const auto [want_worker, want_server] = AllreduceState::residual_counts(
-      cfg, l.n, static_cast<int>(l.rank), static_cast<int>(l.world), nodes ? Algorithm::Allgather : l.algorithm, nullptr);
+  const auto [want_worker, want_server] = residual_counts(cfg, l.n, static_cast<int>(l.rank), static_cast<int>(l.world),
+                                                          nodes ? Algorithm::Allgather : l.algorithm, nullptr);
   if (nodes ? l.worker_count > want_worker || l.server_count > l.worker_count
             : l.worker_count != want_worker || l.server_count != want_server)
     malformed("residual sizes do not match its layout");
@@ -154,7 +173,7 @@ void AllreduceState::restore(std::string_view saved) {
   agreed_.reset();  // a restore is a new start: agree again
 }
 
-void AllreduceState::reset() {
+void ErrorFeedback::reset() {
   layout_.reset();
   worker_.release();
   server_.release();
@@ -163,7 +182,5 @@ void AllreduceState::reset() {
   pending_ = false;
   agreed_.reset();
 }
-
-AllreduceWorkspace::AllreduceWorkspace() : id_(next_workspace_id++) {}
 
 }  // namespace gz
