@@ -14,7 +14,8 @@
 // shard) and, for scatter_reduce, the server residual of this rank's chunk
 // (what the server codec has not yet sent of the chunk sums, in the sums'
 // units: any server codec can carry it on, so it is not part of the layout).
-// reduce_scatter() keeps the worker residual only.
+// reduce_scatter() keeps the worker residual only. (The per-element rule
+// the codecs apply to a residual is kernels/error_feedback.h.)
 #pragma once
 
 #include <cstddef>
