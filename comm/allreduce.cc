@@ -3,9 +3,11 @@
 #include "comm/allreduce.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "comm/agreement.h"
 #include "comm/allreduce_run.h"
@@ -30,9 +32,24 @@ CodecConfig server_codec_config(const CodecConfig& codec) {
 }
 
 double payload_bytes_per_element(const CodecConfig& codec) {
+  // resolve_algorithm asks this on every allreduce call (for the codec and
+  // its server codec): answer repeats from a few remembered configs instead
+  // of making a Codec each time, so the hot path does not allocate.
+  struct Known {
+    CodecConfig codec;
+    double bytes = 0;
+  };
+  constexpr std::size_t kKnown = 4;
+  thread_local std::array<std::optional<Known>, kKnown> known;
+  thread_local std::size_t next = 0;
+  for (const auto& k : known)
+    if (k && k->codec == codec) return k->bytes;
   constexpr std::size_t kRef = std::size_t{1} << 20;
-  return static_cast<double>(make_codec(codec)->max_payload_bytes(kRef) - wire::kHeaderBytes) /
-         static_cast<double>(kRef);
+  const double bytes = static_cast<double>(make_codec(codec)->max_payload_bytes(kRef) - wire::kHeaderBytes) /
+                       static_cast<double>(kRef);
+  known[next] = Known{codec, bytes};
+  next = (next + 1) % kKnown;
+  return bytes;
 }
 
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks) {
