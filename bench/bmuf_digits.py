@@ -254,8 +254,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--link", default="100mbit", help="gradzip-run --link RATE, or 'local' (default 100mbit)")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--codecs", default="none,onebit,topk:density=0.01",
-                    help="BMUF codec specs, comma-separated (default none,onebit,topk:density=0.01)")
+    ap.add_argument("--codecs", default="none,onebit,topk:density=0.01,qsgd:bits=4",
+                    help="BMUF codec specs, comma-separated (default none,onebit,topk:density=0.01,qsgd:bits=4)")
     ap.add_argument("--block-steps", default="4,16,64", help="H values (default 4,16,64)")
     ap.add_argument("--block-momentum", default="default,0.5",
                     help="block momentum values; 'default' is the paper's 1 - 1/P (default default,0.5)")

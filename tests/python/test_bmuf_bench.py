@@ -28,10 +28,12 @@ def test_method_lists_keep_specs_with_commas_together():
 def test_bmuf_method_strings():
     assert _digits_bmuf.parse("topk:density=0.01@bmuf:h=16,mu=0.5,lr=0.8,nesterov=off,overlap=on") == (
         "topk:density=0.01", {"block_steps": 16, "block_momentum": 0.5, "block_lr": 0.8, "nesterov": False,
-                              "overlap": True})
+                              "overlap": True, "transport": "gradzip"})
+    assert _digits_bmuf.parse("qsgd:bits=4@bmuf:h=16,transport=torch") == (
+        "qsgd:bits=4", {"block_steps": 16, "transport": "torch"})
     for bad, match in [("onebit@bmuf", "write <codec>@bmuf:h=H"), ("onebit@bmuf:mu=0.5", "h=H"),
                        ("onebit@bmuf:h=4,speed=2", "unknown option"), ("onebit@bmuf:h=4,overlap=maybe", "unknown"),
-                       ("onebit@bmuf:h", "not key=value")]:
+                       ("onebit@bmuf:h=4,transport=mpi", "unknown option"), ("onebit@bmuf:h", "not key=value")]:
         with pytest.raises(ValueError, match=match):
             _digits_bmuf.parse(bad)
 

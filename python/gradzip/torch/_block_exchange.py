@@ -18,13 +18,15 @@ and once per block:
   norm statistics).
 - ``broadcast_(flat)``: rank 0's values on every rank (the initial model).
 
-Today that is gradzip's own :class:`gradzip.Communicator` (UCX or NCCL).
-A transport over torch's process group can stand in for it by offering the
-same calls, state_dict and load_state_dict.
+:class:`CommunicatorExchange` implements them over a
+:class:`gradzip.Communicator`, whichever transport carries its bytes
+(_transports.py: torch's process group itself, or UCX/NCCL): the same C++
+compressed allreduce either way, so the same bits.
 
 :class:`Background` runs one exchange at a time on a worker thread, for the
-overlapped mode: the communicator releases the GIL while it works, so local
-steps go on meanwhile.
+overlapped mode: the communicator releases the GIL while it works (over
+torch's process group, the transport takes it back only for each of its
+calls into torch), so local steps go on meanwhile.
 """
 
 import concurrent.futures
