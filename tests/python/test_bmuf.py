@@ -113,9 +113,10 @@ def test_misuse_needing_a_process_group(suite):
     assert "only with transport='gradzip'" in m["communicator_over_torch"]
     if len(suite) > 1:
         for r in every_rank(suite, "misuse"):
-            for key, setting in (("disagree", "block_steps"), ("disagree_codec", "topk")):
-                assert f"ranks {len(suite) - 1} differ from rank 0" in r[key], r[key]
-                assert setting in r[key], r[key]
+            for key, setting in (("disagree", "block_steps"), ("disagree_codec", "codec")):
+                # Each rank names the setting that differs and no other.
+                assert f"\n  {setting}: ranks {len(suite) - 1} differ from rank 0" in r[key], r[key]
+                assert r[key].count("differ from rank 0") == 1, r[key]
     else:
         assert m["disagree"] is None and m["disagree_codec"] is None
     assert m["empty_sync_keeps_model"] and m["empty_sync_blocks"] == 0
@@ -126,6 +127,8 @@ def test_misuse_needing_a_process_group(suite):
 def test_overlap_over_gloo_beside_the_training_loops_collectives(three_ranks):
     for r in every_rank(three_ranks, "overlap_beside_collectives"):
         assert r["sums_right"] and r["same_as_alone"] and r["same_on_every_rank"], r
+    # The premise: some allreduce was issued while an exchange still ran.
+    assert any(r["in_flight"] for r in every_rank(three_ranks, "overlap_beside_collectives"))
 
 
 @_NO_UCX
@@ -133,6 +136,13 @@ def test_overlap_over_gloo_beside_the_training_loops_collectives(three_ranks):
 def test_both_transports_give_the_same_bits(three_ranks):
     for r in every_rank(three_ranks, "same_bits_over_both_transports"):
         assert r and all(r.values()), r
+
+
+@_NO_UCX
+@pytest.mark.parametrize("transport", ["torch"], indirect=True)
+def test_ranks_on_different_transports_fail_with_io_error_saying_what_to_check(three_ranks):
+    for r in every_rank(three_ranks, "transports_differ"):
+        assert r is not None and "every rank must pass the same transport" in r, r
 
 
 def _model():

@@ -111,7 +111,8 @@ class BlockMomentum:
             message says why), e.g. a DDP module, non-float32 parameters, or a
             local optimizer that trains parameters BMUF does not synchronize;
             on every rank, when the ranks' hyperparameters or parameter shapes
-            differ (the message names the ranks).
+            differ (the message names each setting that differs, and the
+            ranks).
 
     Collective: every rank constructs it, calls :meth:`step` as often,
     and calls :meth:`sync` and :meth:`state_dict` at the same points.
@@ -193,7 +194,7 @@ class BlockMomentum:
         params, buffers = _tensors_of(module_or_params)
         _check_optimizer_covers(local_optimizer, params)
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
-        comm = _transports.connect(transport, process_group, communicator, None)
+        comm = _connect(transport, process_group, communicator)
 
         self.transport = transport
         self.algorithm = algorithm
@@ -586,3 +587,15 @@ def _check_optimizer_covers(optimizer: torch.optim.Optimizer, params: List[torch
     if outside:
         raise ValueError(f"the local optimizer trains {outside} parameter(s) that BlockMomentum does not "
                          f"synchronize: they would drift apart between ranks. Pass the same model or parameters")
+
+
+def _connect(transport: str, process_group: Any, communicator: Any) -> Any:
+    from .._core import IoError
+
+    try:
+        return _transports.connect(transport, process_group, communicator, None)
+    except IoError as e:
+        # Ranks that passed different transports (or groups) wait for each
+        # other in different places of the rendezvous: say what to check.
+        raise IoError(f"BlockMomentum: transport={transport!r} did not meet the other ranks of the group (every "
+                      f"rank must pass the same transport and process group): {e}") from None
