@@ -47,6 +47,10 @@ def test_the_grid(bench):
     assert "none@bmuf:h=4,mu=0.5" in methods
     assert methods[-2:] == ["onebit@bmuf:h=4,mu=0.5,overlap=on", "onebit@bmuf:h=16,mu=0.5,overlap=on"]
     assert len(methods) == 2 + 2 * 2 * 2 + 2
+    args = bench.parse_args(["--codecs", "onebit", "--block-steps", "16", "--block-momentum", "0.5",
+                             "--transport", "torch"])
+    assert bench.methods(args) == ["fp32", "onebit", "onebit@bmuf:h=16,mu=0.5,transport=torch",
+                                   "onebit@bmuf:h=16,mu=0.5,overlap=on,transport=torch"]
 
 
 def _record(method, seed, acc, curve, steps=40, wire=100.0):

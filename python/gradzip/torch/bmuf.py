@@ -87,7 +87,11 @@ class BlockMomentum:
             with the next block's local steps at once. The average goes
             through the filter one block late; meanwhile each rank starts the
             next block from the agreed start plus its own update. Costs one
-            model copy more. Default False.
+            model copy more. Default False. Works over either transport; over
+            an NCCL group with ``transport="torch"`` the exchange in flight
+            shares the group's communicator, so give BlockMomentum a group
+            of its own if the training loop runs collectives meanwhile
+            (gloo keeps them apart by tag).
         transport: what carries the exchange; either way it is gradzip's
             compressed allreduce (the same C++ algorithms, the same bits).
             ``"torch"`` (default): ``process_group`` itself, through its
