@@ -383,6 +383,30 @@ def transports_differ(rank: int, world: int) -> Optional[str]:
     return None
 
 
+def without_torch_distributed(rank: int, world: int) -> Dict[str, Any]:
+    """transport="gradzip" with a communicator from Communicator.from_env, the
+    process group destroyed first: BlockMomentum needs no torch.distributed.
+    W is compared through that communicator (rank 0's, summed with zeros)."""
+    from dist_util import free_port
+
+    port = torch.tensor([free_port() if rank == 0 else 0])
+    dist.broadcast(port, 0)
+    os.environ["MASTER_PORT"] = str(int(port))
+    dist.destroy_process_group()
+    with gradzip.Communicator.from_env("ucx", timeout=30) as comm:
+        model = make_model(seed=rank)
+        opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="onebit", transport="gradzip",
+                            communicator=comm)
+        train(opt, model, rank, 0, 5)
+        opt.sync()
+        w = global_of(opt)
+        opt.close()
+        rank0 = w.copy() if rank == 0 else np.zeros_like(w)
+        comm.allreduce(rank0, gradzip.Codec("none"), gradzip.AllreduceState(), op="sum")
+        return {"initialized": dist.is_initialized(), "blocks": opt.compression_stats()["blocks"],
+                "same_as_rank0": bool(np.array_equal(w, rank0))}
+
+
 def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
     t = {"transport": transport}
     out: Dict[str, Any] = {}
@@ -403,6 +427,8 @@ def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
             out[f"resume/{codec}/overlap={overlap}"] = resume(rank, world, codec, overlap, transport)
         out["diloco"] = diloco(rank, world, transport)
         out["module_buffers"] = module_buffers(rank, world, transport)
+        if transport == "gradzip":
+            out["without_torch_distributed"] = without_torch_distributed(rank, world)  # last: ends the group
         if transport == "torch":
             out["overlap_beside_collectives"] = overlap_beside_collectives(rank, world)
             if gradzip.BUILD["ucx"]:

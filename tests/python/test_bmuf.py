@@ -145,6 +145,13 @@ def test_ranks_on_different_transports_fail_with_io_error_saying_what_to_check(t
         assert r is not None and "every rank must pass the same transport" in r, r
 
 
+@_NO_UCX
+@pytest.mark.parametrize("transport", ["gradzip"], indirect=True)
+def test_a_communicator_of_its_own_needs_no_torch_distributed(three_ranks):
+    for r in every_rank(three_ranks, "without_torch_distributed"):
+        assert not r["initialized"] and r["blocks"] == 3 and r["same_as_rank0"], r
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
