@@ -12,7 +12,9 @@ rank in its own network namespace) with all its seeds, through
 model, batches and local SGD as the DDP runs. Methods: the DDP baselines
 (--baselines: fp32 every step, and gradzip's onebit hook), then BMUF for every
 --codecs x --block-steps x --block-momentum, and BMUF with overlap=on for
---overlap-codecs (at each H, with the last --block-momentum).
+--overlap-codecs (at each H, with the last --block-momentum). BMUF's
+exchange goes over gradzip's UCX, or with --transport torch over the gloo
+group itself (BlockMomentum's default).
 
 Time to accuracy: the target is DDP fp32's final test accuracy, averaged over
 the seeds. Each method's accuracy curve (evaluated whenever the model every
@@ -53,12 +55,13 @@ from gradzip.experiments import digits
 REPO = Path(__file__).resolve().parents[1]
 
 
-def bmuf_method(codec: str, h: int, mu: str, overlap: bool = False) -> str:
+def bmuf_method(codec: str, h: int, mu: str, overlap: bool = False, transport: str = "gradzip") -> str:
     """The digits experiment's method string (gradzip/experiments/_digits_bmuf.py)."""
     m = f"{codec}@bmuf:h={h}"
     if mu != "default":
         m += f",mu={mu}"
-    return m + (",overlap=on" if overlap else "")
+    m += ",overlap=on" if overlap else ""
+    return m + ("" if transport == "gradzip" else f",transport={transport}")
 
 
 def methods(args: argparse.Namespace) -> List[str]:
@@ -66,10 +69,10 @@ def methods(args: argparse.Namespace) -> List[str]:
     for mu in args.block_momentum:
         for codec in args.codecs:
             for h in args.block_steps:
-                out.append(bmuf_method(codec, h, mu))
+                out.append(bmuf_method(codec, h, mu, transport=args.transport))
     for codec in args.overlap_codecs:
         for h in args.block_steps:
-            out.append(bmuf_method(codec, h, args.block_momentum[-1], overlap=True))
+            out.append(bmuf_method(codec, h, args.block_momentum[-1], overlap=True, transport=args.transport))
     return list(dict.fromkeys(out))
 
 
@@ -209,10 +212,11 @@ def plots(rows: List[Dict[str, Any]], target: float, args: argparse.Namespace, o
     grid's tuned value); the time plot BMUF with the first codec that is not
     none (the headline), with and without overlap."""
     mu = args.block_momentum[-1]
-    tuned = {bmuf_method(c, h, mu, o) for c in args.codecs + args.overlap_codecs for h in args.block_steps
+    tuned = {bmuf_method(c, h, mu, o, args.transport) for c in args.codecs + args.overlap_codecs for h in args.block_steps
              for o in (False, True)}
     headline = next((c for c in args.codecs if c != "none"), args.codecs[0])
-    timed = set(args.baselines) | {bmuf_method(headline, h, mu, o) for h in args.block_steps for o in (False, True)}
+    timed = set(args.baselines) | {bmuf_method(headline, h, mu, o, args.transport) for h in args.block_steps
+                                   for o in (False, True)}
     ratio = [{"mode": "train", "codec": r["method"], "label": _label(r, args.baselines),
               "accuracy": r["accuracy_mean"], "ratio": r["bytes_ratio"]}
              for r in rows if r["method"] in tuned or r["method"] in args.baselines]
@@ -254,13 +258,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--link", default="100mbit", help="gradzip-run --link RATE, or 'local' (default 100mbit)")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--codecs", default="none,onebit,topk:density=0.01",
-                    help="BMUF codec specs, comma-separated (default none,onebit,topk:density=0.01)")
+    ap.add_argument("--codecs", default="none,onebit,topk:density=0.01,qsgd:bits=4",
+                    help="BMUF codec specs, comma-separated (default none,onebit,topk:density=0.01,qsgd:bits=4)")
     ap.add_argument("--block-steps", default="4,16,64", help="H values (default 4,16,64)")
     ap.add_argument("--block-momentum", default="default,0.5",
                     help="block momentum values; 'default' is the paper's 1 - 1/P (default default,0.5)")
     ap.add_argument("--overlap-codecs", default="onebit",
                     help="codecs also run with overlap=on, at each H with the last block momentum ('' for none)")
+    ap.add_argument("--transport", choices=("gradzip", "torch"), default="gradzip",
+                    help="what carries BMUF's exchange: gradzip's UCX (default; what BENCHMARKS.md section 7 "
+                         "measured) or the gloo group itself (BlockMomentum's own default)")
     ap.add_argument("--baselines", default="fp32,onebit",
                     help="DDP methods, the first being the reference (default fp32,onebit: DDP fp32, and "
                          "gradzip's onebit hook)")

@@ -4,11 +4,16 @@ Every rank starts its model from a different seed (BlockMomentum broadcasts
 rank 0's), trains on batches of its own, and compares with a reference:
 BMUF written out plainly in numpy float32, fed by an all_gather of the
 ranks' local models at each block end. Results are plain data.
+
+suite runs every check over gradzip's UCX transport (transport="gradzip"),
+process_group_suite the ones a process group must pass too over the gloo
+group itself (transport="torch").
 """
 
 from __future__ import annotations
 
 import io
+import os
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -20,7 +25,7 @@ from gradzip.torch import BlockMomentum
 
 F32 = np.float32
 CODECS = ["none", "fp16", "bf16", "onebit", "onebit:ef=off", "topk:density=0.1",
-          "topk:density=0.1,select=sample"]
+          "topk:density=0.1,select=sample", "qsgd:bits=4", "qsgd:bits=4,stochastic=on"]
 
 
 def make_model(seed: int) -> torch.nn.Module:
@@ -158,13 +163,13 @@ def train(opt: BlockMomentum, model: torch.nn.Module, rank: int, first: int, ste
         local_step(model, opt, rank, step)
 
 
-def identical_with_every_codec(rank: int, world: int) -> Dict[str, Any]:
+def identical_with_every_codec(rank: int, world: int, transport: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for codec in CODECS:
         for overlap in (False, True):
             model = make_model(seed=rank)
             opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec=codec, overlap=overlap,
-                                bucket_elements=40)
+                                bucket_elements=40, transport=transport)
             train(opt, model, rank, 0, 7)  # three blocks and one step
             w = global_of(opt)
             key = f"{codec}/overlap={overlap}"
@@ -177,12 +182,12 @@ def identical_with_every_codec(rank: int, world: int) -> Dict[str, Any]:
     return out
 
 
-def resume(rank: int, world: int, codec: str, overlap: bool) -> Dict[str, Any]:
+def resume(rank: int, world: int, codec: str, overlap: bool, transport: str) -> Dict[str, Any]:
     """Train 7 steps (H=3: two blocks and one step into the third), checkpoint,
     train 8 more; then a fresh model and BlockMomentum restored from the
     checkpoint train the same 8: the same bits. A third run restores only the
     model and must differ (the checkpoint is what makes them equal)."""
-    kwargs = dict(block_steps=3, codec=codec, overlap=overlap, bucket_elements=40)
+    kwargs = dict(block_steps=3, codec=codec, overlap=overlap, bucket_elements=40, transport=transport)
 
     def fresh(seed: int):
         model = make_model(seed)
@@ -218,13 +223,13 @@ def resume(rank: int, world: int, codec: str, overlap: bool) -> Dict[str, Any]:
     }
 
 
-def diloco(rank: int, world: int) -> Dict[str, Any]:
+def diloco(rank: int, world: int, transport: str) -> Dict[str, Any]:
     """nesterov=True is DiLoCo's outer optimizer: torch SGD(lr=zeta,
     momentum=mu, nesterov=True) on the outer gradient x - mean(W_local), with
     x the point every block starts from (close, not bit-equal: other roundings)."""
     model, outer_model = make_model(seed=rank), make_model(seed=0)
     opt = BlockMomentum(model, local_optimizer(model), block_steps=4, codec="none", block_momentum=0.6,
-                        block_lr=0.7)
+                        block_lr=0.7, transport=transport)
     inner = local_optimizer(outer_model)
     x = [p.detach().clone() for p in outer_model.parameters()]  # the outer parameters
     outer = torch.optim.SGD(x, lr=0.7, momentum=0.6, nesterov=True)
@@ -247,7 +252,7 @@ def diloco(rank: int, world: int) -> Dict[str, Any]:
     return {"worst": worst}
 
 
-def module_buffers(rank: int, world: int) -> Dict[str, Any]:
+def module_buffers(rank: int, world: int, transport: str) -> Dict[str, Any]:
     """A module's float32 buffers (batch norm statistics) are averaged in
     fp32 at each block end; integer buffers stay local."""
     def net(seed: int) -> torch.nn.Module:
@@ -255,7 +260,7 @@ def module_buffers(rank: int, world: int) -> Dict[str, Any]:
         return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 3))
 
     model, twin = net(seed=rank), net(seed=0)
-    opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="onebit")
+    opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="onebit", transport=transport)
     twin_opt = local_optimizer(twin)
     train(opt, model, rank, 0, 2)
     train(twin_opt, twin, rank, 0, 2)  # the same block, without the exchange
@@ -275,10 +280,14 @@ def module_buffers(rank: int, world: int) -> Dict[str, Any]:
     return out
 
 
-def misuse(rank: int, world: int) -> Dict[str, Any]:
-    """Errors that need a process group: DDP, a mismatched checkpoint."""
+def misuse(rank: int, world: int, transport: str) -> Dict[str, Any]:
+    """Errors that need a process group: DDP, a mismatched checkpoint, ranks
+    that disagree."""
     out: Dict[str, Any] = {}
     model = make_model(0)
+
+    def make(m: torch.nn.Module = model, **kwargs: Any) -> BlockMomentum:
+        return BlockMomentum(m, local_optimizer(m), **{"transport": transport, **kwargs})
 
     def error(fn: Callable[[], Any]) -> Optional[str]:
         try:
@@ -288,17 +297,19 @@ def misuse(rank: int, world: int) -> Dict[str, Any]:
         return None
 
     ddp = torch.nn.parallel.DistributedDataParallel(make_model(0))
-    out["ddp"] = error(lambda: BlockMomentum(ddp, local_optimizer(ddp)))
-    opt = BlockMomentum(model, local_optimizer(model), block_steps=2)
+    out["ddp"] = error(lambda: make(ddp))
+    opt = make(block_steps=2)
     saved = opt.state_dict()
-    other = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="topk:density=0.1")
+    other = make(block_steps=2, codec="topk:density=0.1")
     out["other_codec"] = error(lambda: other.load_state_dict(saved))
     out["not_a_state"] = error(lambda: other.load_state_dict({"version": 99}))
     out["truncated_state"] = error(lambda: other.load_state_dict({"version": 1, "config": {}}))
-    out["wrong_communicator"] = error(lambda: BlockMomentum(model, local_optimizer(model), communicator=object()))
+    out["wrong_communicator"] = error(lambda: make(transport="gradzip", communicator=object()))
+    out["communicator_over_torch"] = error(lambda: make(transport="torch", communicator=object()))
     # Ranks that disagree all get the error, naming the ones that differ.
-    out["disagree"] = error(lambda: BlockMomentum(model, local_optimizer(model),
-                                                  block_steps=2 + (rank == world - 1 and world > 1)))
+    last = rank == world - 1 and world > 1
+    out["disagree"] = error(lambda: make(block_steps=2 + last))
+    out["disagree_codec"] = error(lambda: make(block_steps=2, codec="topk:density=0.1" if last else "onebit"))
     # sync() with nothing to exchange does nothing; a partial block counts as one.
     before = flat(model)
     opt.sync()
@@ -312,23 +323,115 @@ def misuse(rank: int, world: int) -> Dict[str, Any]:
     return out
 
 
-def suite(rank: int, world: int) -> Dict[str, Any]:
+def overlap_beside_collectives(rank: int, world: int) -> Dict[str, Any]:
+    """overlap=True over the gloo group while the training thread runs its own
+    allreduce on the same group after every step, exchanges in flight: the
+    sums are right and W has the same bits as a run without them."""
+    def run(with_collectives: bool):
+        model = make_model(seed=rank)
+        opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="onebit", overlap=True,
+                            transport="torch")
+        sums_right, in_flight = True, 0
+        for step in range(9):
+            local_step(model, opt, rank, step)
+            if with_collectives:
+                # Whether the block's exchange (submitted by this step) still runs.
+                pending = opt._background._future
+                in_flight += pending is not None and not pending.done()
+                t = torch.tensor([float(rank + step)])
+                dist.all_reduce(t)
+                sums_right &= t.item() == sum(r + step for r in range(world))
+        opt.sync()
+        w = global_of(opt)
+        opt.close()
+        return w, sums_right, in_flight
+
+    w, sums_right, in_flight = run(True)
+    alone, _, _ = run(False)
+    return {"sums_right": sums_right, "same_as_alone": bool(np.array_equal(w, alone)),
+            "same_on_every_rank": same_on_every_rank(w), "in_flight": in_flight}
+
+
+def same_bits_over_both_transports(rank: int, world: int) -> Dict[str, Any]:
+    """The gloo group and UCX carry the same compressed allreduce: the same
+    training gives the same W and local models, bit for bit."""
+    out: Dict[str, Any] = {}
+    for codec in ("onebit", "topk:density=0.1", "qsgd:bits=4,stochastic=on"):
+        got = []
+        for transport in ("torch", "gradzip"):
+            model = make_model(seed=rank)
+            opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec=codec, bucket_elements=40,
+                                transport=transport)
+            train(opt, model, rank, 0, 7)
+            got.append((global_of(opt), flat(model)))
+            opt.close()
+        out[codec] = all(np.array_equal(a, b) for a, b in zip(*got))
+    return out
+
+
+def transports_differ(rank: int, world: int) -> Optional[str]:
+    """The last rank asks for UCX, the others for the gloo group: every rank
+    fails with IoError within the (shortened) timeout, saying what to check."""
+    os.environ["GRADZIP_TIMEOUT_S"] = "3"
+    model = make_model(0)
+    try:
+        BlockMomentum(model, local_optimizer(model), transport="gradzip" if rank == world - 1 else "torch")
+    except gradzip.IoError as e:
+        return str(e)
+    finally:
+        del os.environ["GRADZIP_TIMEOUT_S"]
+    return None
+
+
+def without_torch_distributed(rank: int, world: int) -> Dict[str, Any]:
+    """transport="gradzip" with a communicator from Communicator.from_env, the
+    process group destroyed first: BlockMomentum needs no torch.distributed.
+    W is compared through that communicator (rank 0's, summed with zeros)."""
+    from dist_util import free_port
+
+    port = torch.tensor([free_port() if rank == 0 else 0])
+    dist.broadcast(port, 0)
+    os.environ["MASTER_PORT"] = str(int(port))
+    dist.destroy_process_group()
+    with gradzip.Communicator.from_env("ucx", timeout=30) as comm:
+        model = make_model(seed=rank)
+        opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="onebit", transport="gradzip",
+                            communicator=comm)
+        train(opt, model, rank, 0, 5)
+        opt.sync()
+        w = global_of(opt)
+        opt.close()
+        rank0 = w.copy() if rank == 0 else np.zeros_like(w)
+        comm.allreduce(rank0, gradzip.Codec("none"), gradzip.ErrorFeedback(), op="sum")
+        return {"initialized": dist.is_initialized(), "blocks": opt.compression_stats()["blocks"],
+                "same_as_rank0": bool(np.array_equal(w, rank0))}
+
+
+def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
+    t = {"transport": transport}
     out: Dict[str, Any] = {}
     for nesterov in (True, False):
         out[f"ref/nesterov={nesterov}"] = against_reference(
-            rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9, nesterov=nesterov, bucket_elements=20)
-    out["ref/defaults"] = against_reference(rank, world, [4, 4])
+            rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9, nesterov=nesterov, bucket_elements=20, **t)
+    out["ref/defaults"] = against_reference(rank, world, [4, 4], **t)
     out["ref/overlap"] = against_reference(rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9,
-                                           overlap=True, bucket_elements=20)
-    out["misuse"] = misuse(rank, world)
+                                           overlap=True, bucket_elements=20, **t)
+    out["misuse"] = misuse(rank, world, transport)
     if world > 1:
         out["ref/onebit_ef"] = against_reference(rank, world, [2, 2, 2, 2], codec="onebit", algorithm="allgather",
-                                                 bucket_elements=20)
+                                                 bucket_elements=20, **t)
         out["ref/onebit_ef_reset"] = against_reference(rank, world, [2, 2, 2, 2], codec="onebit",
-                                                       algorithm="allgather", bucket_elements=20, carry_ef=False)
-        out.update(identical_with_every_codec(rank, world))
+                                                       algorithm="allgather", bucket_elements=20, carry_ef=False, **t)
+        out.update(identical_with_every_codec(rank, world, transport))
         for codec, overlap in (("onebit", False), ("onebit", True), ("topk:density=0.1,select=sample", False)):
-            out[f"resume/{codec}/overlap={overlap}"] = resume(rank, world, codec, overlap)
-        out["diloco"] = diloco(rank, world)
-        out["module_buffers"] = module_buffers(rank, world)
+            out[f"resume/{codec}/overlap={overlap}"] = resume(rank, world, codec, overlap, transport)
+        out["diloco"] = diloco(rank, world, transport)
+        out["module_buffers"] = module_buffers(rank, world, transport)
+        if transport == "gradzip":
+            out["without_torch_distributed"] = without_torch_distributed(rank, world)  # last: ends the group
+        if transport == "torch":
+            out["overlap_beside_collectives"] = overlap_beside_collectives(rank, world)
+            if gradzip.BUILD["ucx"]:
+                out["same_bits_over_both_transports"] = same_bits_over_both_transports(rank, world)
+                out["transports_differ"] = transports_differ(rank, world)  # last: its rendezvous is left unfinished
     return out

@@ -1,40 +1,43 @@
 """gradzip.torch.BlockMomentum (BMUF): the block math against a plain
 reference on 1 and 3 ranks, identical models with every codec, error
-feedback across blocks, checkpoints, and bad arguments.
+feedback across blocks, checkpoints, and bad arguments; over both
+transports: the gloo group itself (transport="torch") and gradzip's UCX
+(transport="gradzip").
 
-All multi-rank checks of one world size run in one set of processes
-(bmuf_workers.suite); the tests below read its results.
+All multi-rank checks of one world size and transport run in one set of
+processes (bmuf_workers.suite); the tests below read its results.
 """
 
 import pytest
 import torch
 
+import bmuf_workers
 import gradzip
 from dist_util import run_ranks
 from gradzip.torch import BlockMomentum
 
-pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"] or not gradzip.BUILD["ucx"],
-                                reason="this gradzip build has no UCX transport")
+pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"], reason="this gradzip build has no communicator")
+
+_NO_UCX = pytest.mark.skipif(not gradzip.BUILD["ucx"], reason="this gradzip build has no UCX transport")
 
 
-def _run(world):
-    import bmuf_workers
-
-    return run_ranks(bmuf_workers.suite, world, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    return _run(1)
+@pytest.fixture(scope="module", params=["torch", pytest.param("gradzip", marks=_NO_UCX)])
+def transport(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def three_ranks():
-    return _run(3)
+def one_rank(transport):
+    return run_ranks(bmuf_workers.suite, 1, transport, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(transport):
+    return run_ranks(bmuf_workers.suite, 3, transport, timeout=300)
 
 
 @pytest.fixture(params=["one_rank", "three_ranks"])
-def suite(request):
+def suite(request, transport):
     return request.getfixturevalue(request.param)
 
 
@@ -72,8 +75,7 @@ def test_error_feedback_is_carried_across_blocks(three_ranks):
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-@pytest.mark.parametrize("codec", ["none", "fp16", "bf16", "onebit", "onebit:ef=off", "topk:density=0.1",
-                                   "topk:density=0.1,select=sample"])
+@pytest.mark.parametrize("codec", bmuf_workers.CODECS)
 def test_every_rank_holds_the_same_global_model(three_ranks, codec, overlap):
     key = f"{codec}/overlap={overlap}"
     assert all(every_rank(three_ranks, f"global/{key}"))
@@ -108,14 +110,46 @@ def test_misuse_needing_a_process_group(suite):
     assert "not a gradzip BlockMomentum" in m["not_a_state"]
     assert "not a gradzip BlockMomentum" in m["truncated_state"]
     assert "gradzip.Communicator" in m["wrong_communicator"]
+    assert "only with transport='gradzip'" in m["communicator_over_torch"]
     if len(suite) > 1:
         for r in every_rank(suite, "misuse"):
-            assert f"ranks {len(suite) - 1} differ from rank 0" in r["disagree"], r["disagree"]
-            assert "block_steps" in r["disagree"]
+            for key, setting in (("disagree", "block_steps"), ("disagree_codec", "codec")):
+                # Each rank names the setting that differs and no other.
+                assert f"\n  {setting}: ranks {len(suite) - 1} differ from rank 0" in r[key], r[key]
+                assert r[key].count("differ from rank 0") == 1, r[key]
     else:
-        assert m["disagree"] is None
+        assert m["disagree"] is None and m["disagree_codec"] is None
     assert m["empty_sync_keeps_model"] and m["empty_sync_blocks"] == 0
     assert m["partial_block_blocks"] == 1
+
+
+@pytest.mark.parametrize("transport", ["torch"], indirect=True)
+def test_overlap_over_gloo_beside_the_training_loops_collectives(three_ranks):
+    for r in every_rank(three_ranks, "overlap_beside_collectives"):
+        assert r["sums_right"] and r["same_as_alone"] and r["same_on_every_rank"], r
+    # The premise: some allreduce was issued while an exchange still ran.
+    assert any(r["in_flight"] for r in every_rank(three_ranks, "overlap_beside_collectives"))
+
+
+@_NO_UCX
+@pytest.mark.parametrize("transport", ["torch"], indirect=True)
+def test_both_transports_give_the_same_bits(three_ranks):
+    for r in every_rank(three_ranks, "same_bits_over_both_transports"):
+        assert r and all(r.values()), r
+
+
+@_NO_UCX
+@pytest.mark.parametrize("transport", ["torch"], indirect=True)
+def test_ranks_on_different_transports_fail_with_io_error_saying_what_to_check(three_ranks):
+    for r in every_rank(three_ranks, "transports_differ"):
+        assert r is not None and "every rank must pass the same transport" in r, r
+
+
+@_NO_UCX
+@pytest.mark.parametrize("transport", ["gradzip"], indirect=True)
+def test_a_communicator_of_its_own_needs_no_torch_distributed(three_ranks):
+    for r in every_rank(three_ranks, "without_torch_distributed"):
+        assert not r["initialized"] and r["blocks"] == 3 and r["same_as_rank0"], r
 
 
 def _model():
@@ -139,6 +173,7 @@ def _sgd(params):
     ({"nesterov": 1}, "nesterov must be True or False"),
     ({"overlap": "yes"}, "overlap must be True or False"),
     ({"algorithm": "ring"}, "unknown algorithm 'ring'"),
+    ({"transport": "mpi"}, "unknown transport 'mpi'"),
     ({"bucket_elements": 0}, "bucket_elements"),
 ])
 def test_bad_arguments_raise_value_error_with_a_reason(kwargs, match):

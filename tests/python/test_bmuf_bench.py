@@ -28,10 +28,12 @@ def test_method_lists_keep_specs_with_commas_together():
 def test_bmuf_method_strings():
     assert _digits_bmuf.parse("topk:density=0.01@bmuf:h=16,mu=0.5,lr=0.8,nesterov=off,overlap=on") == (
         "topk:density=0.01", {"block_steps": 16, "block_momentum": 0.5, "block_lr": 0.8, "nesterov": False,
-                              "overlap": True})
+                              "overlap": True, "transport": "gradzip"})
+    assert _digits_bmuf.parse("qsgd:bits=4@bmuf:h=16,transport=torch") == (
+        "qsgd:bits=4", {"block_steps": 16, "transport": "torch"})
     for bad, match in [("onebit@bmuf", "write <codec>@bmuf:h=H"), ("onebit@bmuf:mu=0.5", "h=H"),
                        ("onebit@bmuf:h=4,speed=2", "unknown option"), ("onebit@bmuf:h=4,overlap=maybe", "unknown"),
-                       ("onebit@bmuf:h", "not key=value")]:
+                       ("onebit@bmuf:h=4,transport=mpi", "unknown option"), ("onebit@bmuf:h", "not key=value")]:
         with pytest.raises(ValueError, match=match):
             _digits_bmuf.parse(bad)
 
@@ -45,6 +47,10 @@ def test_the_grid(bench):
     assert "none@bmuf:h=4,mu=0.5" in methods
     assert methods[-2:] == ["onebit@bmuf:h=4,mu=0.5,overlap=on", "onebit@bmuf:h=16,mu=0.5,overlap=on"]
     assert len(methods) == 2 + 2 * 2 * 2 + 2
+    args = bench.parse_args(["--codecs", "onebit", "--block-steps", "16", "--block-momentum", "0.5",
+                             "--transport", "torch"])
+    assert bench.methods(args) == ["fp32", "onebit", "onebit@bmuf:h=16,mu=0.5,transport=torch",
+                                   "onebit@bmuf:h=16,mu=0.5,overlap=on,transport=torch"]
 
 
 def _record(method, seed, acc, curve, steps=40, wire=100.0):

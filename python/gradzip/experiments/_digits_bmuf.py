@@ -5,9 +5,13 @@ SGD (lr, momentum) and :class:`gradzip.torch.BlockMomentum` exchanges the
 compressed model update every H steps. Options after ``bmuf:``, comma
 separated: ``h`` (block steps, required), ``mu`` (block momentum, default
 1 - 1/P), ``lr`` (block learning rate, default 1), ``nesterov=on|off``
-(default on), ``overlap=on|off`` (default off), ``algorithm`` (default auto).
+(default on), ``overlap=on|off`` (default off), ``algorithm`` (default auto),
+``transport=gradzip|torch``: gradzip's own UCX connections (default here:
+the transport BENCHMARKS.md section 7 was measured over) or the gloo group
+itself (BlockMomentum's own default).
 
     onebit@bmuf:h=16                  topk:density=0.01@bmuf:h=4,overlap=on
+    qsgd:bits=4@bmuf:h=16,transport=torch
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from typing import Any, Dict, Tuple
 from . import digits
 
 _ON_OFF = {"on": True, "off": False}
+_TRANSPORTS = ("gradzip", "torch")
 
 
 def parse(method: str) -> Tuple[str, Dict[str, Any]]:
     """(codec spec, BlockMomentum keyword arguments) of a method string."""
     spec, _, rest = method.partition("@bmuf")
     if not rest.startswith(":"):
-        raise ValueError(f"method {method!r}: write <codec>@bmuf:h=H[,mu=..,lr=..,nesterov=on|off,overlap=on|off]")
-    kwargs: Dict[str, Any] = {}
+        raise ValueError(f"method {method!r}: write <codec>@bmuf:h=H[,mu=..,lr=..,nesterov=on|off,overlap=on|off,"
+                         f"transport=gradzip|torch]")
+    kwargs: Dict[str, Any] = {"transport": "gradzip"}
     for item in rest[1:].split(","):
         key, eq, value = item.partition("=")
         if not eq:
@@ -39,9 +45,11 @@ def parse(method: str) -> Tuple[str, Dict[str, Any]]:
             kwargs[key] = _ON_OFF[value]
         elif key == "algorithm":
             kwargs["algorithm"] = value
+        elif key == "transport" and value in _TRANSPORTS:
+            kwargs["transport"] = value
         else:
             raise ValueError(f"method {method!r}: unknown option {item!r} (h, mu, lr, nesterov=on|off, "
-                             f"overlap=on|off, algorithm)")
+                             f"overlap=on|off, algorithm, transport=gradzip|torch)")
     if "block_steps" not in kwargs:
         raise ValueError(f"method {method!r}: h=H (block steps) is required")
     return spec, kwargs
@@ -67,5 +75,6 @@ def setup(method: str, model: Any, seed: int, settings: digits.Settings) -> digi
     return digits.Method(model, opt, bytes_per_step, shared_model=opt.global_model,
                          version=lambda: opt.compression_stats()["blocks"], finish=finish,
                          extra={"block_steps": opt.block_steps, "block_momentum": opt.block_momentum,
-                                "block_lr": opt.block_lr, "nesterov": opt.nesterov, "overlap": opt.overlap})
+                                "block_lr": opt.block_lr, "nesterov": opt.nesterov, "overlap": opt.overlap,
+                                "transport": opt.transport})
 

@@ -4,9 +4,10 @@ interface so that its transport can change without touching the algorithm.
 BMUF asks four things of the ranks' network: once, at construction,
 
 - ``agree(what, fields, device)``: raise the same ValueError on every rank,
-  naming the ranks that differ from rank 0, unless every rank passed the
-  same fields (hyperparameters and model shapes): ranks that disagree would
-  otherwise end blocks at different steps or filter differently;
+  naming each field that differs and the ranks that differ from rank 0 in
+  it, unless every rank passed the same fields (hyperparameters and model
+  shapes): ranks that disagree would otherwise end blocks at different steps
+  or filter differently;
 
 and once per block:
 
@@ -18,13 +19,15 @@ and once per block:
   norm statistics).
 - ``broadcast_(flat)``: rank 0's values on every rank (the initial model).
 
-Today that is gradzip's own :class:`gradzip.Communicator` (UCX or NCCL).
-A transport over torch's process group can stand in for it by offering the
-same calls, state_dict and load_state_dict.
+:class:`CommunicatorExchange` implements them over a
+:class:`gradzip.Communicator`, whichever transport carries its bytes
+(_transports.py: torch's process group itself, or UCX/NCCL): the same C++
+compressed allreduce either way, so the same bits.
 
 :class:`Background` runs one exchange at a time on a worker thread, for the
-overlapped mode: the communicator releases the GIL while it works, so local
-steps go on meanwhile.
+overlapped mode: the communicator releases the GIL while it works (over
+torch's process group, the transport takes it back only for each of its
+calls into torch), so local steps go on meanwhile.
 """
 
 import concurrent.futures
@@ -81,20 +84,26 @@ class CommunicatorExchange:
     def agree(self, what: str, fields: Dict[str, Any], device: torch.device) -> None:
         import gradzip
 
-        text = json.dumps(fields, sort_keys=True)
-        digest = hashlib.sha256(text.encode()).digest()
-        # 16-bit pieces of the digest: float32 holds them exactly.
-        mine = torch.tensor([int.from_bytes(digest[i:i + 2], "little") for i in range(0, 16, 2)],
+        names = sorted(fields)
+        values = [json.dumps(fields[k], sort_keys=True) for k in names]
+        # 64 bits of each field's digest, as four 16-bit pieces (float32 holds
+        # them exactly), so that a mismatch names the fields that differ.
+        digests = [hashlib.sha256(f"{k}={v}".encode()).digest() for k, v in zip(names, values)]
+        mine = torch.tensor([int.from_bytes(d[i:i + 2], "little") for d in digests for i in range(0, 8, 2)],
                             dtype=torch.float32, device=device)
         rank0 = mine.clone()
         self.broadcast_(rank0)
-        differs = torch.zeros(self.size, dtype=torch.float32, device=device)
-        differs[self.rank] = 0.0 if torch.equal(mine, rank0) else 1.0
-        self.comm.allreduce(differs, self._fp32, gradzip.ErrorFeedback(), op="sum")
-        ranks = [r for r, d in enumerate(differs.tolist()) if d != 0]
-        if ranks:
-            raise ValueError(f"the ranks disagree on the {what}: ranks {', '.join(map(str, ranks))} differ from "
-                             f"rank 0 (this rank has {text}); every rank must pass the same values")
+        differs = torch.zeros(self.size, len(names), dtype=torch.float32, device=device)
+        differs[self.rank] = (mine != rank0).view(len(names), 4).any(dim=1).float()
+        self.comm.allreduce(differs.view(-1), self._fp32, gradzip.ErrorFeedback(), op="sum")
+        report = ""
+        for j, flags in enumerate(differs.t().tolist()):
+            ranks = [r for r, d in enumerate(flags) if d != 0]
+            if ranks:
+                report += (f"\n  {names[j]}: ranks {', '.join(map(str, ranks))} differ from rank 0 "
+                           f"(this rank has {values[j]})")
+        if report:
+            raise ValueError(f"the ranks disagree on the {what}; every rank must pass the same values:{report}")
 
     def state_dict(self) -> List[Dict[str, Any]]:
         """The error feedback of every buffer (this rank's: residuals differ between ranks)."""

@@ -2,9 +2,9 @@
 gradzip's own transports (UCX on CPU, NCCL on GPU), with connections of
 their own, met through torch's rendezvous store.
 
-The same interface as _torch_transport: ``connect`` gives the hook its
-communicator; the hook runs every bucket through it the same way
-(_worker.py).
+The same interface as _torch_transport (_transports.py): ``connect`` gives
+the hook (or BlockMomentum) its communicator, which runs every exchange the
+same way.
 """
 
 from typing import Any, Optional
@@ -18,11 +18,14 @@ def connect(process_group: Optional[dist.ProcessGroup], communicator: Any, timeo
 
     if not gradzip.BUILD["comm"]:
         raise ValueError("transport='gradzip' needs a gradzip build with its communicator")
-    world = dist.get_world_size(process_group)
     if communicator is None:
-        communicator = gradzip.Communicator.from_torch(process_group, timeout=timeout)
-    elif not isinstance(communicator, gradzip.Communicator):
+        return gradzip.Communicator.from_torch(process_group, timeout=timeout)
+    if not isinstance(communicator, gradzip.Communicator):
         raise ValueError(f"communicator must be a gradzip.Communicator, got {type(communicator).__name__}")
-    if communicator.size != world:
-        raise ValueError(f"the communicator has {communicator.size} ranks, the process group {world}")
+    # A communicator made without torch.distributed (Communicator.from_env)
+    # has no group to match.
+    if process_group is not None or (dist.is_available() and dist.is_initialized()):
+        world = dist.get_world_size(process_group)
+        if communicator.size != world:
+            raise ValueError(f"the communicator has {communicator.size} ranks, the process group {world}")
     return communicator

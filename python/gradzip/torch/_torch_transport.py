@@ -1,11 +1,12 @@
-"""transport="torch" for the DDP hook: gradzip's allreduce algorithms over
-torch's own process group (gloo on CPU, NCCL on GPU).
+"""transport="torch" for the DDP hook, BlockMomentum and FSDP2: gradzip's
+allreduce algorithms over torch's own process group (gloo on CPU, NCCL on GPU).
 
 The algorithms are the C++ ones every entry point runs (comm/allreduce*);
 they move bytes through a Transport. :class:`ProcessGroupTransport` is that
 Transport over a process group: the C++ side (python/src/py_transport.h)
 calls its start/test/wait/abort, taking the GIL for each call only, and the
-algorithms run with the GIL released on the hook's worker thread.
+algorithms run with the GIL released (on the hook's worker thread, or
+BlockMomentum's with overlap), so the training thread keeps running.
 
 The contract the algorithms need (comm/transport.h): between two ranks,
 messages match in posting order. torch's point-to-point calls give that on
@@ -15,6 +16,10 @@ Messages carry this communicator's own tag, so another user of the group's
 point-to-point calls (or a second hook) never takes its messages on gloo;
 on NCCL, which ignores tags, the hook's single worker thread and its
 wait at each step's last bucket keep its calls apart from DDP's.
+BlockMomentum with overlap keeps an exchange in flight for a whole block:
+on gloo the training thread may run its own collectives on the group
+meanwhile (they do not use these tags); on NCCL it must not, or give
+BlockMomentum a group of its own (docs/python.md).
 """
 
 import datetime
@@ -115,11 +120,12 @@ class _on_stream:
 
 
 def connect(process_group: Optional[dist.ProcessGroup], communicator: Any, timeout: Optional[float]) -> Any:
-    """The hook's communicator over `process_group` itself."""
+    """A communicator over `process_group` itself."""
     import gradzip
 
     if communicator is not None:
         raise ValueError("a communicator is given only with transport='gradzip'")
     if not gradzip.BUILD["comm"]:
-        raise ValueError("this gradzip build has no communicator (comm/), which the hook's algorithms run in")
+        raise ValueError("this gradzip build has no communicator (comm/), which gradzip's compressed collectives "
+                         "run in")
     return gradzip.Communicator.from_torch(process_group, transport="torch", timeout=timeout)

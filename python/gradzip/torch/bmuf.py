@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 import torch
 
 from ..codec import Codec
-from . import _block_exchange
+from . import _block_exchange, _transports
 
 __all__ = ["BlockMomentum"]
 
@@ -32,7 +32,8 @@ class BlockMomentum:
     trains its own full copy of the model and the ranks meet once every
     ``block_steps`` steps, sending a compressed model update.
 
-    Use it instead of DDP (not inside it)::
+    Use it instead of DDP (not inside it), with torch.distributed
+    initialised (torchrun, Lightning, ...)::
 
         model = Net()                                   # no DistributedDataParallel
         local = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.8)
@@ -86,11 +87,24 @@ class BlockMomentum:
             with the next block's local steps at once. The average goes
             through the filter one block late; meanwhile each rank starts the
             next block from the agreed start plus its own update. Costs one
-            model copy more. Default False.
-        communicator: a :class:`gradzip.Communicator`; by default one is made
-            with ``Communicator.from_torch(process_group)``.
+            model copy more. Default False. Works over either transport; over
+            an NCCL group with ``transport="torch"`` the exchange in flight
+            shares the group's communicator, so give BlockMomentum a group
+            of its own if the training loop runs collectives meanwhile
+            (gloo keeps them apart by tag).
+        transport: what carries the exchange; either way it is gradzip's
+            compressed allreduce (the same C++ algorithms, the same bits).
+            ``"torch"`` (default): ``process_group`` itself, through its
+            point-to-point calls (gloo on CPU, NCCL on GPU), no other
+            connections: the DDP hook's default transport. ``"gradzip"``:
+            gradzip's own transports (UCX on CPU, NCCL on GPU), connected
+            through torch's rendezvous store, or ``communicator``.
         process_group: the torch group whose ranks train together (default
-            WORLD); used only to make the communicator.
+            WORLD).
+        communicator: with ``transport="gradzip"``, a
+            :class:`gradzip.Communicator` to use (made by the caller, e.g.
+            ``Communicator.from_env``: then torch.distributed is not needed);
+            by default one is made over ``process_group``'s ranks.
         algorithm: the communicator's ``"auto"``, ``"allgather"`` or
             ``"scatter_reduce"``.
         bucket_elements: the update travels as buffers of at most this many
@@ -101,7 +115,8 @@ class BlockMomentum:
             message says why), e.g. a DDP module, non-float32 parameters, or a
             local optimizer that trains parameters BMUF does not synchronize;
             on every rank, when the ranks' hyperparameters or parameter shapes
-            differ (the message names the ranks).
+            differ (the message names each setting that differs, and the
+            ranks).
 
     Collective: every rank constructs it, calls :meth:`step` as often,
     and calls :meth:`sync` and :meth:`state_dict` at the same points.
@@ -117,6 +132,7 @@ class BlockMomentum:
         # Options, fixed at construction.
         "nesterov",
         "overlap",
+        "transport",
         "codec",
         "algorithm",
         "bucket_elements",
@@ -159,8 +175,9 @@ class BlockMomentum:
         block_lr: float = 1.0,
         nesterov: bool = True,
         overlap: bool = False,
-        communicator: Any = None,
+        transport: str = "torch",
         process_group: Any = None,
+        communicator: Any = None,
         algorithm: str = "auto",
         bucket_elements: int = 1 << 26,
     ) -> None:
@@ -175,13 +192,15 @@ class BlockMomentum:
             raise ValueError(f"block_lr must be a finite number > 0, got {block_lr!r}")
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(_ALGORITHMS)}")
+        _transports.check(transport, communicator)
         if not isinstance(local_optimizer, torch.optim.Optimizer):
             raise ValueError(f"local_optimizer must be a torch.optim.Optimizer, got {type(local_optimizer).__name__}")
         params, buffers = _tensors_of(module_or_params)
         _check_optimizer_covers(local_optimizer, params)
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
-        comm, owns = _communicator(communicator, process_group)
+        comm = _connect(transport, process_group, communicator)
 
+        self.transport = transport
         self.algorithm = algorithm
         self.bucket_elements = bucket_elements
         self.local_optimizer = local_optimizer
@@ -202,7 +221,7 @@ class BlockMomentum:
         self._payload_bytes = sum(self.codec.max_payload_bytes(min(bucket_elements, self._n - lo))
                                   for lo in range(0, self._n, bucket_elements))
         self._exchange = _block_exchange.CommunicatorExchange(comm, self.codec, algorithm, buckets)
-        self._owns_comm = owns
+        self._owns_comm = communicator is None
         self._global = torch.empty(self._n, dtype=torch.float32, device=device)
         self._delta = torch.zeros(self._n, dtype=torch.float32, device=device)
         # sync: W, Delta and one scratch; overlap: W, Delta, this rank's
@@ -216,9 +235,9 @@ class BlockMomentum:
         self._local_steps = 0
         self._stats = _new_stats()
 
-        agreed = dict(self._structure(), block_steps=block_steps, block_momentum=self.block_momentum,
-                      block_lr=self.block_lr, shapes=[list(p.shape) for p in params],
-                      buffer_shapes=[list(b.shape) for b in buffers])
+        agreed = dict(self._structure(), transport=transport, block_steps=block_steps,
+                      block_momentum=self.block_momentum, block_lr=self.block_lr,
+                      shapes=[list(p.shape) for p in params], buffer_shapes=[list(b.shape) for b in buffers])
         self._exchange.agree("BlockMomentum configuration", agreed, device)
         with torch.no_grad():
             self._gather_params(self._global)
@@ -232,9 +251,9 @@ class BlockMomentum:
                 self._scatter(buffers, flat)
         logger.info(
             "gradzip BlockMomentum: block_steps=%d codec=%s block_momentum=%g block_lr=%g nesterov=%s "
-            "overlap=%s algorithm=%s world_size=%d elements=%d update_buffers=%d module_buffers=%d",
-            block_steps, self.codec.spec, self.block_momentum, self.block_lr, nesterov, overlap, algorithm,
-            self.world_size, self._n, buckets, len(buffers))
+            "overlap=%s transport=%s (%s) algorithm=%s world_size=%d elements=%d update_buffers=%d "
+            "module_buffers=%d", block_steps, self.codec.spec, self.block_momentum, self.block_lr, nesterov, overlap,
+            transport, comm.transport, algorithm, self.world_size, self._n, buckets, len(buffers))
 
     # -- training -------------------------------------------------------------
 
@@ -390,7 +409,8 @@ class BlockMomentum:
     def __repr__(self) -> str:
         return (f"BlockMomentum(block_steps={self.block_steps}, codec='{self.codec.spec}', "
                 f"block_momentum={self.block_momentum:g}, block_lr={self.block_lr:g}, nesterov={self.nesterov}, "
-                f"overlap={self.overlap}, world_size={self.world_size}, elements={self._n})")
+                f"overlap={self.overlap}, transport='{self.transport}', world_size={self.world_size}, "
+                f"elements={self._n})")
 
     # -- the block ------------------------------------------------------------
 
@@ -573,19 +593,13 @@ def _check_optimizer_covers(optimizer: torch.optim.Optimizer, params: List[torch
                          f"synchronize: they would drift apart between ranks. Pass the same model or parameters")
 
 
-def _communicator(communicator: Any, process_group: Any) -> "tuple[Any, bool]":
-    import gradzip
+def _connect(transport: str, process_group: Any, communicator: Any) -> Any:
+    from .._core import IoError
 
-    if not gradzip.BUILD["comm"]:
-        raise ValueError("BlockMomentum needs a gradzip build with its communicator (gradzip.BUILD['comm'])")
-    if communicator is None:
-        return gradzip.Communicator.from_torch(process_group), True
-    if not isinstance(communicator, gradzip.Communicator):
-        raise ValueError(f"communicator must be a gradzip.Communicator, got {type(communicator).__name__}")
-    if process_group is not None:
-        import torch.distributed as dist
-
-        if dist.get_world_size(process_group) != communicator.size:
-            raise ValueError(f"the communicator has {communicator.size} ranks, the process group "
-                             f"{dist.get_world_size(process_group)}")
-    return communicator, False
+    try:
+        return _transports.connect(transport, process_group, communicator, None)
+    except IoError as e:
+        # Ranks that passed different transports (or groups) wait for each
+        # other in different places of the rendezvous: say what to check.
+        raise IoError(f"BlockMomentum: transport={transport!r} did not meet the other ranks of the group (every "
+                      f"rank must pass the same transport and process group): {e}") from None

@@ -9,16 +9,12 @@ import torch
 import torch.distributed as dist
 
 from ..codec import Codec
-from . import _agreement, _layout
-from . import _gradzip_transport, _torch_transport, _worker
+from . import _agreement, _layout, _transports, _worker
 
 __all__ = ["CompressionState", "compression_hook"]
 
 logger = logging.getLogger(__name__)
 
-# Both transports give the hook a gradzip.Communicator (the same C++
-# algorithms); they differ only in what carries its bytes.
-_TRANSPORTS = {"torch": _torch_transport, "gradzip": _gradzip_transport}
 _ALGORITHMS = ("auto", "allgather", "scatter_reduce", "hierarchical")
 _STATE_VERSION = 2  # 2: residuals are the allreduce's (worker and server), for either transport
 
@@ -109,12 +105,9 @@ class CompressionState:
     ) -> None:
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-        if transport not in _TRANSPORTS:
-            raise ValueError(f"unknown transport {transport!r}; valid: {', '.join(_TRANSPORTS)}")
+        _transports.check(transport, communicator)
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(_ALGORITHMS)}")
-        if transport == "torch" and communicator is not None:
-            raise ValueError("a communicator is used only with transport='gradzip'")
 
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
         self.process_group = process_group
@@ -254,7 +247,7 @@ class CompressionState:
 
     def _connect(self) -> None:
         """The first compressed bucket: this state's communicator and worker thread."""
-        self._comm = _TRANSPORTS[self.transport].connect(self.process_group, self._comm, None)
+        self._comm = _transports.connect(self.transport, self.process_group, self._comm, None)
         self._worker = _worker.Worker()
 
     def _new_ef(self) -> Any:
