@@ -31,6 +31,9 @@ constexpr std::size_t kChunkGroups = 16;
 struct Bucket {
   QsgdScale scale;
   float inv;
+  /// Every value finite and within +-kQsgdClamp: the clamp is the identity and
+  /// no residual can be inf or NaN (|v - sent| <= 2^127), so the lanes skip both.
+  bool clean = false;
 };
 
 // ---- pass 1: the scale ------------------------------------------------------
@@ -97,42 +100,49 @@ void group_portable(const G* g, float* r, std::size_t i, const Bucket& b, std::u
 }
 
 #if GZ_CPU_AVX2
-// Pass 1 on 8 lanes; the lane order of min and max does not matter (exact).
+// Pass 1 on 8 lanes. The min and max of the unclamped values, clamped once at
+// the end, are those of the clamped values (the clamp is monotone; a bucket
+// with inf or NaN sends NaN whatever they are), and exact in any lane order.
+// inf and NaN are the magnitudes (sign bit cleared) from 0x7F800000 up.
 template <bool kEf, class G>
 Bucket scan_avx2(const G* g, const float* r, std::size_t begin, std::size_t end, std::uint32_t bits) {
-  const __m256 clamp = _mm256_set1_ps(kQsgdClamp), nclamp = _mm256_set1_ps(-kQsgdClamp);
-  __m256 lo8 = clamp, hi8 = nclamp, bad8 = _mm256_setzero_ps();
+  const __m256i abs_bits = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256 lo8 = _mm256_set1_ps(kQsgdClamp), hi8 = _mm256_set1_ps(-kQsgdClamp);
+  __m256i mag8 = _mm256_setzero_si256();
   std::size_t i = begin;
   for (; i + 8 <= end; i += 8) {
     __builtin_prefetch(g + i + kPrefetchAhead);
     if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead, 1);
     const __m256 v = input8<kEf>(g, r, i);
-    bad8 = _mm256_or_ps(bad8, nonfinite_mask(v));
-    const __m256 c = _mm256_min_ps(_mm256_max_ps(v, nclamp), clamp);  // NaN lanes: flagged by bad8
-    lo8 = _mm256_min_ps(lo8, c);
-    hi8 = _mm256_max_ps(hi8, c);
+    mag8 = _mm256_max_epu32(mag8, _mm256_and_si256(_mm256_castps_si256(v), abs_bits));
+    lo8 = _mm256_min_ps(lo8, v);  // a NaN lane leaves garbage: its bucket is flagged by mag8
+    hi8 = _mm256_max_ps(hi8, v);
   }
   alignas(32) float lo_l[8], hi_l[8];
+  alignas(32) std::uint32_t mag_l[8];
   _mm256_store_ps(lo_l, lo8);
   _mm256_store_ps(hi_l, hi8);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(mag_l), mag8);
   float lo = kQsgdClamp, hi = -kQsgdClamp;
-  for (int l = 0; l < 8; ++l) lo = std::min(lo, lo_l[l]), hi = std::max(hi, hi_l[l]);
-  bool bad = _mm256_movemask_ps(bad8) != 0;
+  bool bad = false;
+  for (int l = 0; l < 8; ++l) lo = std::min(lo, lo_l[l]), hi = std::max(hi, hi_l[l]), bad |= mag_l[l] >= 0x7F800000u;
   for (; i < end; ++i) {
     const float v = input<kEf>(g, r, i);
     bad |= is_nonfinite(v);
-    const float c = qsgd_clamp(v);
-    lo = std::min(lo, c), hi = std::max(hi, c);
+    lo = std::min(lo, v), hi = std::max(hi, v);
   }
-  const QsgdScale s = qsgd_scale(lo, hi, bad, bits);
-  return Bucket{s, qsgd_inverse(s.unit)};
+  const bool clean = !bad && lo >= -kQsgdClamp && hi <= kQsgdClamp;
+  const QsgdScale s = qsgd_scale(qsgd_clamp(lo), qsgd_clamp(hi), bad, bits);
+  return Bucket{s, qsgd_inverse(s.unit), clean};
 }
 
-// Levels of 8 elements (qsgd_level on 8 lanes) and their residual.
-template <bool kEf, class G>
+// Levels of 8 elements (qsgd_level on 8 lanes) and their residual; kClean:
+// the bucket is clean (Bucket::clean), so no clamp and no non-finite residual.
+template <bool kEf, bool kClean, class G>
 inline __m256i levels8(const G* g, float* r, std::size_t i, const Bucket& b, __m256 dither, __m256 top) {
   const __m256 v = input8<kEf>(g, r, i);
-  const __m256 c = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-kQsgdClamp)), _mm256_set1_ps(kQsgdClamp));
+  const __m256 c =
+      kClean ? v : _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-kQsgdClamp)), _mm256_set1_ps(kQsgdClamp));
   const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(c, _mm256_set1_ps(b.scale.lo)), _mm256_set1_ps(b.inv)),
                                  dither);
   // max(y, 0) gives 0 for NaN (its second operand), as qsgd_level's selects do.
@@ -140,7 +150,7 @@ inline __m256i levels8(const G* g, float* r, std::size_t i, const Bucket& b, __m
   if constexpr (kEf) {  // ef_residual(v, qsgd_value(q, scale))
     const __m256 d = _mm256_add_ps(_mm256_set1_ps(b.scale.lo),
                                    _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(b.scale.unit)));
-    _mm256_storeu_ps(r + i, ef_residual8(v, d));
+    _mm256_storeu_ps(r + i, kClean ? _mm256_sub_ps(v, d) : ef_residual8(v, d));
   }
   return q;
 }
@@ -160,8 +170,10 @@ void group_avx2(const G* g, float* r, std::size_t i, const Bucket& b, std::uint3
                 std::uint32_t* words) {
   const __m256 top = _mm256_set1_ps(static_cast<float>(qsgd_levels(bits)));
   __m256i q[4];
-  for (int k = 0; k < 4; ++k)
-    q[k] = levels8<kEf>(g, r, i + 8 * k, b, dither ? _mm256_loadu_ps(dither + 8 * k) : _mm256_set1_ps(0.5f), top);
+  for (int k = 0; k < 4; ++k) {
+    const __m256 u = dither ? _mm256_loadu_ps(dither + 8 * k) : _mm256_set1_ps(0.5f);
+    q[k] = b.clean ? levels8<kEf, true>(g, r, i + 8 * k, b, u, top) : levels8<kEf, false>(g, r, i + 8 * k, b, u, top);
+  }
   const __m256i e = levels_to_bytes(q);  // byte j: the level of element j
   void* out = words + i / kGroup * bits;
   switch (bits) {
