@@ -9,7 +9,7 @@
 // a round's multiply -> shift -> XOR chain is latency, not throughput, bound.
 //   AVX-512: one vector of 8 blocks per word (a group), XORs as vpternlogd.
 //   AVX2:    two vectors per word (even and odd blocks of a group).
-// tests/codecs/test_philox.cc checks every path against philox_uniform.
+// tests/codecs/test_qsgd.cc (Philox.LaneDrawsAreTheScalarDraws) checks them against philox_uniform.
 #include "kernels/cpu_loops.h"  // the ISA macros and <immintrin.h>
 #include "kernels/philox.h"
 
@@ -43,23 +43,27 @@ struct RoundKeys {
 /// Groups first .. first + G - 1 (one vector per word and group).
 template <int G>
 inline void groups_avx512(const RoundKeys& keys, std::uint64_t step, std::uint64_t first, float* out) {
+  // Every lane, through the zero-masking forms: GCC 12's unmasked ones trip -Wmaybe-uninitialized.
+  constexpr __mmask8 kAll = 0xFF;
   const __m512i m0 = _mm512_set1_epi64(kPhiloxM0), m1 = _mm512_set1_epi64(kPhiloxM1);
   __m512i w0[G], w1[G], w2[G], w3[G];
   for (int q = 0; q < G; ++q) {
     const std::uint64_t block = (first + q) * 8;  // block + l never carries out of its low word
-    w0[q] = _mm512_add_epi64(_mm512_set1_epi64(static_cast<std::uint32_t>(block)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+    w0[q] = _mm512_add_epi64(_mm512_set1_epi64(static_cast<std::uint32_t>(block)),
+                             _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
     w1[q] = _mm512_set1_epi64(static_cast<std::uint32_t>(block >> 32));
     w2[q] = _mm512_set1_epi64(static_cast<std::uint32_t>(step));
     w3[q] = _mm512_set1_epi64(static_cast<std::uint32_t>(step >> 32));
   }
 #pragma GCC unroll 10
   for (int r = 0; r < 10; ++r) {
-    const __m512i k0 = _mm512_set1_epi32(static_cast<int>(keys.k0[r])), k1 = _mm512_set1_epi32(static_cast<int>(keys.k1[r]));
+    const __m512i k0 = _mm512_set1_epi32(static_cast<int>(keys.k0[r]));
+    const __m512i k1 = _mm512_set1_epi32(static_cast<int>(keys.k1[r]));
 #pragma GCC unroll 4
     for (int q = 0; q < G; ++q) {
-      const __m512i p0 = _mm512_mul_epu32(m0, w0[q]), p1 = _mm512_mul_epu32(m1, w2[q]);
-      w0[q] = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p1, 32), w1[q], k0, 0x96);  // hi1 ^ w1 ^ k0
-      w2[q] = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p0, 32), w3[q], k1, 0x96);  // hi0 ^ w3 ^ k1
+      const __m512i p0 = _mm512_maskz_mul_epu32(kAll, m0, w0[q]), p1 = _mm512_maskz_mul_epu32(kAll, m1, w2[q]);
+      w0[q] = _mm512_ternarylogic_epi32(_mm512_maskz_srli_epi64(kAll, p1, 32), w1[q], k0, 0x96);  // hi1 ^ w1 ^ k0
+      w2[q] = _mm512_ternarylogic_epi32(_mm512_maskz_srli_epi64(kAll, p0, 32), w3[q], k1, 0x96);  // hi0 ^ w3 ^ k1
       w1[q] = p1;                                                                      // lo1
       w3[q] = p0;                                                                      // lo0
     }
@@ -68,8 +72,9 @@ inline void groups_avx512(const RoundKeys& keys, std::uint64_t step, std::uint64
   for (int q = 0; q < G; ++q) {
     const __m512i words[4] = {w0[q], w1[q], w2[q], w3[q]};
     for (int k = 0; k < 4; ++k) {  // uniform_from_bits of the 8 low halves
-      const __m256i w = _mm512_cvtepi64_epi32(words[k]);
-      _mm256_storeu_ps(out + kPhiloxGroup * q + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), scale));
+      const __m256i w = _mm512_maskz_cvtepi64_epi32(kAll, words[k]);
+      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), scale);
+      _mm256_storeu_ps(out + kPhiloxGroup * q + 8 * k, u);
     }
   }
 }
@@ -90,7 +95,8 @@ inline void groups_avx2(const RoundKeys& keys, std::uint64_t step, std::uint64_t
   }
 #pragma GCC unroll 10
   for (int r = 0; r < 10; ++r) {
-    const __m256i k0 = _mm256_set1_epi32(static_cast<int>(keys.k0[r])), k1 = _mm256_set1_epi32(static_cast<int>(keys.k1[r]));
+    const __m256i k0 = _mm256_set1_epi32(static_cast<int>(keys.k0[r]));
+    const __m256i k1 = _mm256_set1_epi32(static_cast<int>(keys.k1[r]));
 #pragma GCC unroll 4
     for (int h = 0; h < H; ++h) {
       const __m256i p0 = _mm256_mul_epu32(m0, w0[h]), p1 = _mm256_mul_epu32(m1, w2[h]);
@@ -106,7 +112,8 @@ inline void groups_avx2(const RoundKeys& keys, std::uint64_t step, std::uint64_t
     const __m256i odd[4] = {w0[2 * q + 1], w1[2 * q + 1], w2[2 * q + 1], w3[2 * q + 1]};
     for (int k = 0; k < 4; ++k) {  // blocks 0..7 in lane order, then uniform_from_bits
       const __m256i w = _mm256_blend_epi32(even[k], _mm256_slli_epi64(odd[k], 32), 0xAA);
-      _mm256_storeu_ps(out + kPhiloxGroup * q + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), scale));
+      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), scale);
+      _mm256_storeu_ps(out + kPhiloxGroup * q + 8 * k, u);
     }
   }
 }

@@ -163,7 +163,8 @@ TEST(Philox, UniformsAreInRangeAndEvenlySpread) {
 // whose blocks cross into the counter's high word (block 2^32 = group 2^29)
 // and near its top, steps above 2^32, seeds at both ends.
 TEST(Philox, LaneDrawsAreTheScalarDraws) {
-  const std::uint64_t firsts[] = {0, 1, 6, (1ull << 29) - 3, (1ull << 32) + 5, (1ull << 59) - 17};  // the last: elements up to 2^64 - 1
+  // The last first group reaches element 2^64 - 1.
+  const std::uint64_t firsts[] = {0, 1, 6, (1ull << 29) - 3, (1ull << 32) + 5, (1ull << 59) - 17};
   const std::uint64_t steps[] = {0, 5, (1ull << 32) + 3, ~0ull};
   const std::uint32_t seeds[] = {0, 11, 0xFFFFFFFFu};
   std::vector<float> out;
@@ -175,7 +176,8 @@ TEST(Philox, LaneDrawsAreTheScalarDraws) {
           kernels::cpu::philox_uniforms(seed, step, first, groups, out.data());
           for (std::size_t j = 0; j < groups * kernels::kPhiloxGroup; ++j)
             ASSERT_EQ(bits_of(out[j]), bits_of(kernels::philox_uniform(seed, step, first * kernels::kPhiloxGroup + j)))
-                << "first group " << first << " step " << step << " seed " << seed << " groups " << groups << " j " << j;
+                << "first group " << first << " step " << step << " seed " << seed << " groups " << groups
+                << " j " << j;
           ASSERT_EQ(out.back(), -1.0f) << "wrote past the groups";
         }
 }
