@@ -57,19 +57,13 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     copy_decode_kernel(const float* __restrict__ in, std::size_t n, float* __restrict__ out, Combine c,
                        const std::uint32_t* gate, bool vec) {
-  if (gate_closed(gate)) return;
-  std::size_t tail = 0;
-  if (vec) {
-    const std::size_t units = n / 4;
-    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
-      const float4 a = reinterpret_cast<const float4*>(in)[u];
-      float4 o = c.accumulate ? reinterpret_cast<float4*>(out)[u] : float4{};
-      o.x = combine(o.x, a.x, c), o.y = combine(o.y, a.y, c), o.z = combine(o.z, a.z, c), o.w = combine(o.w, a.w, c);
-      reinterpret_cast<float4*>(out)[u] = o;
-    }
-    tail = units * 4;
-  }
-  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] = combine(out[i], in[i], c);
+  decode_elements<4>(
+      n, out, c, gate, vec,
+      [&](std::size_t u, float* d) {
+        const float4 a = reinterpret_cast<const float4*>(in)[u];
+        d[0] = a.x, d[1] = a.y, d[2] = a.z, d[3] = a.w;
+      },
+      [&](std::size_t i) { return in[i]; });
 }
 
 // ---- fp16 / bf16 ------------------------------------------------------------
@@ -122,27 +116,18 @@ template <class Fmt>
 __global__ void __launch_bounds__(kThreads)
     cast_decode_kernel(const std::uint16_t* __restrict__ in, std::size_t n, float* __restrict__ out, Combine c,
                        const std::uint32_t* gate, bool vec) {
-  if (gate_closed(gate)) return;
-  std::size_t tail = 0;
-  if (vec) {
-    const std::size_t units = n / 8;
-    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
-      const uint4 p = reinterpret_cast<const uint4*>(in)[u];
-      float4* o4 = reinterpret_cast<float4*>(out) + 2 * u;
-      float4 a = c.accumulate ? o4[0] : float4{}, b = c.accumulate ? o4[1] : float4{};
-      const std::uint32_t w[4] = {p.x, p.y, p.z, p.w};
-      auto lo = [](std::uint32_t x) { return Fmt::decode(static_cast<std::uint16_t>(x & 0xFFFFu)); };
-      auto hi = [](std::uint32_t x) { return Fmt::decode(static_cast<std::uint16_t>(x >> 16)); };
-      a.x = combine(a.x, lo(w[0]), c), a.y = combine(a.y, hi(w[0]), c);
-      a.z = combine(a.z, lo(w[1]), c), a.w = combine(a.w, hi(w[1]), c);
-      b.x = combine(b.x, lo(w[2]), c), b.y = combine(b.y, hi(w[2]), c);
-      b.z = combine(b.z, lo(w[3]), c), b.w = combine(b.w, hi(w[3]), c);
-      o4[0] = a;
-      o4[1] = b;
-    }
-    tail = units * 8;
-  }
-  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] = combine(out[i], Fmt::decode(in[i]), c);
+  decode_elements<8>(  // 8 elements per unit: one 16-byte load of payload
+      n, out, c, gate, vec,
+      [&](std::size_t u, float* d) {
+        const uint4 p = reinterpret_cast<const uint4*>(in)[u];
+        const std::uint32_t w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          d[2 * k] = Fmt::decode(static_cast<std::uint16_t>(w[k] & 0xFFFFu));
+          d[2 * k + 1] = Fmt::decode(static_cast<std::uint16_t>(w[k] >> 16));
+        }
+      },
+      [&](std::size_t i) { return Fmt::decode(in[i]); });
 }
 
 }  // namespace
@@ -176,7 +161,7 @@ void copy_encode(const G* g, float* r, std::size_t n, float* out, const Blob32& 
 void copy_decode(const float* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate, Stream stream) {
   if (n == 0) return;
   const bool vec = aligned16(in) && aligned16(out);
-  copy_decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(in, n, out, c, gate, vec);
+  copy_decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(in, n, out, c, gate, vec);
   GZ_LAUNCH_CHECK(copy_decode_kernel);
 }
 
@@ -197,7 +182,7 @@ void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, 
                  Stream stream) {
   if (n == 0) return;
   const bool vec = aligned16(in) && aligned16(out);
-  cast_decode_kernel<Fmt><<<grid_for(vec ? n / 8 + 8 : n), kThreads, 0, stream>>>(in, n, out, c, gate, vec);
+  cast_decode_kernel<Fmt><<<decode_grid<8>(n, vec), kThreads, 0, stream>>>(in, n, out, c, gate, vec);
   GZ_LAUNCH_CHECK(cast_decode_kernel);
 }
 

@@ -1,5 +1,5 @@
 // Shared pieces of the CUDA launches: grid sizing, the header blob, the
-// decode gate, 16-byte vector access. Internal to kernels/*.cu.
+// decode gate, 16-byte vector access, the decode loop. Internal to kernels/*.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -89,9 +89,9 @@ __device__ __forceinline__ T load_pair(const T* array, std::size_t b) {
   return v;
 }
 
-/// out[4u .. 4u+3] = combine(out, d, c), as one float4 (out 16-byte aligned);
-/// an overwrite does not read out.
-__device__ __forceinline__ void store4(float* __restrict__ out, std::size_t u, const float (&d)[4], Combine c) {
+/// out[4u .. 4u+3] = combine(out, d[0..3], c), as one float4 (out 16-byte
+/// aligned); an overwrite does not read out.
+__device__ __forceinline__ void store4(float* __restrict__ out, std::size_t u, const float* d, Combine c) {
   float4 o = c.accumulate ? reinterpret_cast<float4*>(out)[u] : float4{};
   o.x = combine(o.x, d[0], c), o.y = combine(o.y, d[1], c), o.z = combine(o.z, d[2], c), o.w = combine(o.w, d[3], c);
   reinterpret_cast<float4*>(out)[u] = o;
@@ -101,6 +101,39 @@ __device__ __forceinline__ std::size_t global_thread() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 __device__ __forceinline__ std::size_t grid_threads() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
+
+/// The body of every decode kernel: nothing when the gate is closed, else
+/// out[i] = combine(out[i], element i, c) for i < n, grid-stride.
+///   vec (out 16-byte aligned, and whatever `unit` reads aligned for it):
+///     thread units of K consecutive elements (K a multiple of 4): unit(u, d)
+///     decodes elements K u .. K u + K - 1 into d[0 .. K), stored as K / 4
+///     float4s (store4); the elements after the last whole unit, and every
+///     element without vec, one at a time: value(i).
+/// Launch with decode_grid<K>(n, vec) blocks of kThreads.
+template <int K, class Unit, class Value>
+__device__ __forceinline__ void decode_elements(std::size_t n, float* __restrict__ out, Combine c,
+                                                const std::uint32_t* gate, bool vec, Unit unit, Value value) {
+  static_assert(K % 4 == 0, "a unit is whole float4s");
+  if (gate_closed(gate)) return;
+  std::size_t tail = 0;
+  if (vec) {
+    const std::size_t units = n / K;
+    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
+      float d[K];
+      unit(u, d);
+#pragma unroll
+      for (int q = 0; q < K / 4; ++q) store4(out, K / 4 * u + q, d + 4 * q, c);
+    }
+    tail = units * K;
+  }
+  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] = combine(out[i], value(i), c);
+}
+
+/// Blocks for decode_elements<K>.
+template <int K>
+inline unsigned decode_grid(std::size_t n, bool vec) {
+  return grid_for(vec ? n / K + K : n);
+}
 
 }  // namespace gz::kernels::cuda::detail
 

@@ -73,29 +73,22 @@ template <class Fmt>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const float* __restrict__ scales, const std::uint8_t* __restrict__ codes, std::size_t n,
                   std::uint32_t block, float* __restrict__ out, Combine c, const std::uint32_t* gate, bool vec) {
-  if (gate_closed(gate)) return;
-  std::size_t tail = 0;
-  if (vec) {  // the codes start 4-byte aligned (after the scales), so 4 codes are one word
-    const std::size_t units = n / 4;
-    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
-      const std::size_t i = 4 * u;
-      const std::uint32_t word = reinterpret_cast<const std::uint32_t*>(codes)[u];
-      const std::size_t b0 = i / block;
-      float d[4];
-      if ((i + 3) / block == b0) {
-        const float s = scales[b0];
+  decode_elements<4>(  // the codes start 4-byte aligned (after the scales), so 4 codes are one word
+      n, out, c, gate, vec,
+      [&](std::size_t u, float* d) {
+        const std::size_t i = 4 * u;
+        const std::uint32_t word = reinterpret_cast<const std::uint32_t*>(codes)[u];
+        const std::size_t b0 = i / block;
+        if ((i + 3) / block == b0) {
+          const float s = scales[b0];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = fp8_value<Fmt>((word >> (8 * e)) & 0xFFu, s);
-      } else {
+          for (int e = 0; e < 4; ++e) d[e] = fp8_value<Fmt>((word >> (8 * e)) & 0xFFu, s);
+        } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = fp8_value<Fmt>((word >> (8 * e)) & 0xFFu, scales[(i + e) / block]);
-      }
-      store4(out, u, d, c);
-    }
-    tail = units * 4;
-  }
-  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
-    out[i] = combine(out[i], fp8_value<Fmt>(codes[i], scales[i / block]), c);
+          for (int e = 0; e < 4; ++e) d[e] = fp8_value<Fmt>((word >> (8 * e)) & 0xFFu, scales[(i + e) / block]);
+        }
+      },
+      [&](std::size_t i) { return fp8_value<Fmt>(codes[i], scales[i / block]); });
 }
 
 template <class Fmt, class G>
@@ -113,7 +106,7 @@ template <class Fmt>
 void decode_launch(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t block, float* out,
                    Combine c, const std::uint32_t* gate, Stream stream) {
   const bool vec = aligned16(out) && (reinterpret_cast<std::uintptr_t>(codes) & 3u) == 0;
-  decode_kernel<Fmt><<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, codes, n, block, out, c, gate, vec);
+  decode_kernel<Fmt><<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, codes, n, block, out, c, gate, vec);
   GZ_LAUNCH_CHECK(decode_kernel);
 }
 

@@ -147,29 +147,22 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const OnebitScales* __restrict__ scales, const std::uint32_t* __restrict__ bits, std::size_t n,
                   std::uint32_t block, float* __restrict__ out, Combine c, const std::uint32_t* gate, bool vec) {
-  if (gate_closed(gate)) return;
-  std::size_t tail = 0;
-  if (vec) {
-    const std::size_t units = n / 4;
-    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
-      const std::size_t i = 4 * u;
-      const std::uint32_t nib = bits[i / 32] >> (i % 32);  // i % 32 <= 28: the 4 bits are in this word
-      const std::size_t b0 = i / block;
-      float d[4];
-      if ((i + 3) / block == b0) {
-        const OnebitScales s = load_pair(scales, b0);
+  decode_elements<4>(
+      n, out, c, gate, vec,
+      [&](std::size_t u, float* d) {
+        const std::size_t i = 4 * u;
+        const std::uint32_t nib = bits[i / 32] >> (i % 32);  // i % 32 <= 28: the 4 bits are in this word
+        const std::size_t b0 = i / block;
+        if ((i + 3) / block == b0) {
+          const OnebitScales s = load_pair(scales, b0);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = onebit_value((nib >> e) & 1u, s);
-      } else {
+          for (int e = 0; e < 4; ++e) d[e] = onebit_value((nib >> e) & 1u, s);
+        } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = onebit_value((nib >> e) & 1u, load_pair(scales, (i + e) / block));
-      }
-      store4(out, u, d, c);
-    }
-    tail = units * 4;
-  }
-  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
-    out[i] = combine(out[i], onebit_value((bits[i / 32] >> (i % 32)) & 1u, load_pair(scales, i / block)), c);
+          for (int e = 0; e < 4; ++e) d[e] = onebit_value((nib >> e) & 1u, load_pair(scales, (i + e) / block));
+        }
+      },
+      [&](std::size_t i) { return onebit_value((bits[i / 32] >> (i % 32)) & 1u, load_pair(scales, i / block)); });
 }
 
 }  // namespace
@@ -211,7 +204,7 @@ void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::s
   GZ_ENFORCE(block >= 1, "onebit block size must be >= 1");
   if (n == 0) return;
   const bool vec = aligned16(out);
-  decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, bits, n, block, out, c, gate, vec);
+  decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, bits, n, block, out, c, gate, vec);
   GZ_LAUNCH_CHECK(decode_kernel);
 }
 

@@ -10,6 +10,7 @@
 // eight SIMD lanes computing eight blocks at once hold, in element order.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/hd.h"
@@ -65,5 +66,15 @@ GZ_HD float philox_uniform(std::uint32_t seed, std::uint64_t step, std::uint64_t
   const unsigned j = static_cast<unsigned>(i % 32);
   return uniform_from_bits(philox_block(seed, step, i / 32 * 8 + j % 8).w[j / 8]);
 }
+
+/// Elements per group: the draws of a group are the four words of eight blocks.
+inline constexpr std::size_t kPhiloxGroup = 32;
+
+namespace cpu {
+/// philox_uniform for whole groups, on SIMD lanes where the CPU has them
+/// (kernels/philox_cpu.cc): out[32 (g - first) + j] = philox_uniform(seed,
+/// step, 32 g + j) for the groups g in [first, first + groups), j < 32.
+void philox_uniforms(std::uint32_t seed, std::uint64_t step, std::uint64_t first, std::size_t groups, float* out);
+}  // namespace cpu
 
 }  // namespace gz::kernels

@@ -170,29 +170,22 @@ __global__ void __launch_bounds__(kThreads)
     decode_kernel(const QsgdScale* __restrict__ scales, const std::uint32_t* __restrict__ words, std::size_t n,
                   std::uint32_t bits, std::uint32_t bucket, float* __restrict__ out, Combine c,
                   const std::uint32_t* gate, bool vec) {
-  if (gate_closed(gate)) return;
-  std::size_t tail = 0;
-  if (vec) {
-    const std::size_t units = n / 4;
-    for (std::size_t u = global_thread(); u < units; u += grid_threads()) {
-      const std::size_t i = 4 * u;
-      const std::size_t b0 = i / bucket;
-      float d[4];
-      if ((i + 3) / bucket == b0) {
-        const QsgdScale s = load_pair(scales, b0);
+  decode_elements<4>(
+      n, out, c, gate, vec,
+      [&](std::size_t u, float* d) {
+        const std::size_t i = 4 * u;
+        const std::size_t b0 = i / bucket;
+        if ((i + 3) / bucket == b0) {
+          const QsgdScale s = load_pair(scales, b0);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = qsgd_value(qsgd_code_at(words, i + e, bits), s);
-      } else {
+          for (int e = 0; e < 4; ++e) d[e] = qsgd_value(qsgd_code_at(words, i + e, bits), s);
+        } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          d[e] = qsgd_value(qsgd_code_at(words, i + e, bits), load_pair(scales, (i + e) / bucket));
-      }
-      store4(out, u, d, c);
-    }
-    tail = units * 4;
-  }
-  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
-    out[i] = combine(out[i], qsgd_value(qsgd_code_at(words, i, bits), load_pair(scales, i / bucket)), c);
+          for (int e = 0; e < 4; ++e)
+            d[e] = qsgd_value(qsgd_code_at(words, i + e, bits), load_pair(scales, (i + e) / bucket));
+        }
+      },
+      [&](std::size_t i) { return qsgd_value(qsgd_code_at(words, i, bits), load_pair(scales, i / bucket)); });
 }
 
 }  // namespace
@@ -235,7 +228,7 @@ void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::size_
   GZ_ENFORCE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits && bucket >= 1, "qsgd: bits ", bits, ", bucket ", bucket);
   if (n == 0) return;
   const bool vec = aligned16(out);
-  decode_kernel<<<grid_for(vec ? n / 4 + 4 : n), kThreads, 0, stream>>>(scales, words, n, bits, bucket, out, c,
+  decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, words, n, bits, bucket, out, c,
                                                                         gate, vec);
   GZ_LAUNCH_CHECK(decode_kernel);
 }

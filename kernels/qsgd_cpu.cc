@@ -4,9 +4,13 @@
 //
 // Pass 2 works in groups of 32 elements, which fill exactly B code words. A
 // group that starts at a multiple of 32 and lies inside one bucket takes the
-// group path (with AVX2 and B = 2, 4 or 8: 8 lanes at a time, codes packed
-// with variable shifts and an OR across lanes); the elements of any other
-// group (bucket sizes that are not multiples of 32, the tail) go one by one.
+// group path (with AVX2 and B = 2, 4 or 8: 8 lanes at a time, the levels
+// narrowed to bytes with saturating packs and merged into 4- or 2-bit fields
+// with multiply-adds); the elements of any other group (bucket sizes that are
+// not multiples of 32, the tail) go one by one. Stochastic rounding draws the
+// dithers of up to kChunkGroups groups at once (cpu::philox_uniforms, SIMD
+// lanes) before quantizing them: the Philox rounds then run back to back,
+// interleaved, instead of one dependent chain per group.
 // tests/codecs/test_qsgd.cc checks both against the element functions.
 #include <algorithm>
 #include <cstring>
@@ -20,24 +24,16 @@ namespace {
 
 using namespace detail;
 
-constexpr std::size_t kGroup = 32;
-
-/// The dithers of the 32 elements from i (a multiple of 32): philox_uniform,
-/// one Philox block per 4 draws.
-inline void group_dithers(const QsgdRounding& rnd, std::size_t i, float* out) {
-  if (!rnd.stochastic) {
-    std::fill(out, out + kGroup, 0.5f);
-    return;
-  }
-  for (unsigned l = 0; l < 8; ++l) {
-    const Philox4 b = philox_block(rnd.seed, rnd.step, i / kGroup * 8 + l);
-    for (unsigned k = 0; k < 4; ++k) out[8 * k + l] = uniform_from_bits(b.w[k]);
-  }
-}
+constexpr std::size_t kGroup = kPhiloxGroup;
+/// Groups whose dithers are drawn at once (2 KiB of floats, in L1).
+constexpr std::size_t kChunkGroups = 16;
 
 struct Bucket {
   QsgdScale scale;
   float inv;
+  /// Every value finite and within +-kQsgdClamp: the clamp is the identity and
+  /// no residual can be inf or NaN (|v - sent| <= 2^127), so the lanes skip both.
+  bool clean = false;
 };
 
 // ---- pass 1: the scale ------------------------------------------------------
@@ -82,17 +78,16 @@ inline void zero_group_words(std::uint32_t* words, std::size_t i, std::uint32_t 
 
 // ---- pass 2, a group of 32 inside one bucket ---------------------------------
 
+// dither: the group's 32 draws, or nullptr for round to nearest (0.5).
 template <bool kEf, class G>
-void group_portable(const G* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits,
-                    const QsgdRounding& rnd, std::uint32_t* words) {
-  float dither[kGroup];
-  group_dithers(rnd, i, dither);
+void group_portable(const G* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits, const float* dither,
+                    std::uint32_t* words) {
   std::uint64_t acc = 0;  // bits not yet stored
   unsigned filled = 0;
   std::uint32_t* out = words + i / kGroup * bits;
   for (std::size_t j = 0; j < kGroup; ++j) {
     const float v = input<kEf>(g, r, i + j);
-    const std::uint32_t q = qsgd_level(v, b.scale, b.inv, dither[j], qsgd_levels(bits));
+    const std::uint32_t q = qsgd_level(v, b.scale, b.inv, dither ? dither[j] : 0.5f, qsgd_levels(bits));
     if constexpr (kEf) r[i + j] = ef_residual(v, qsgd_value(q, b.scale));
     acc |= static_cast<std::uint64_t>(q) << filled;
     filled += bits;
@@ -105,95 +100,49 @@ void group_portable(const G* g, float* r, std::size_t i, const Bucket& b, std::u
 }
 
 #if GZ_CPU_AVX2
-// OR of the 8 lanes.
-inline std::uint32_t or_lanes(__m256i x) {
-  __m128i t = _mm_or_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-  t = _mm_or_si128(t, _mm_shuffle_epi32(t, 0x4E));
-  t = _mm_or_si128(t, _mm_shuffle_epi32(t, 0xB1));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(t));
-}
-// OR of lanes 0..3 and of lanes 4..7.
-inline void or_quads(__m256i x, std::uint32_t* out) {
-  __m128i lo = _mm256_castsi256_si128(x), hi = _mm256_extracti128_si256(x, 1);
-  lo = _mm_or_si128(lo, _mm_shuffle_epi32(lo, 0x4E));
-  hi = _mm_or_si128(hi, _mm_shuffle_epi32(hi, 0x4E));
-  lo = _mm_or_si128(lo, _mm_shuffle_epi32(lo, 0xB1));
-  hi = _mm_or_si128(hi, _mm_shuffle_epi32(hi, 0xB1));
-  out[0] = static_cast<std::uint32_t>(_mm_cvtsi128_si32(lo));
-  out[1] = static_cast<std::uint32_t>(_mm_cvtsi128_si32(hi));
-}
-
-// Philox4x32-10 on 8 blocks at once (lane l: block 8 (i / 32) + l), the
-// lanes' twin of philox_block: word k of the 8 blocks is the draws of
-// elements i + 8k .. i + 8k + 7 (philox_uniform), as uniform_from_bits.
-inline void mulhilo8(std::uint32_t m, __m256i b, __m256i& hi, __m256i& lo) {
-  const __m256i mv = _mm256_set1_epi32(static_cast<int>(m));
-  const __m256i even = _mm256_mul_epu32(mv, b);                        // lanes 0, 2, 4, 6 as 64-bit products
-  const __m256i odd = _mm256_mul_epu32(mv, _mm256_srli_epi64(b, 32));  // lanes 1, 3, 5, 7
-  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-}
-
-void dithers_avx2(const QsgdRounding& rnd, std::size_t i, __m256* out) {
-  const std::uint64_t first = i / kGroup * 8;
-  __m256i w0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first))),
-                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  // The high counter word: first is a multiple of 8, so first + l never carries out of the low word.
-  __m256i w1 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first >> 32)));
-  __m256i w2 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(rnd.step)));
-  __m256i w3 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(rnd.step >> 32)));
-  std::uint32_t k0 = rnd.seed, k1 = kPhiloxKey1;
-  for (int round = 0; round < 10; ++round) {
-    __m256i hi0, lo0, hi1, lo1;
-    mulhilo8(kernels::detail::kPhiloxM0, w0, hi0, lo0);
-    mulhilo8(kernels::detail::kPhiloxM1, w2, hi1, lo1);
-    const __m256i n0 = _mm256_xor_si256(_mm256_xor_si256(hi1, w1), _mm256_set1_epi32(static_cast<int>(k0)));
-    const __m256i n2 = _mm256_xor_si256(_mm256_xor_si256(hi0, w3), _mm256_set1_epi32(static_cast<int>(k1)));
-    w0 = n0, w1 = lo1, w2 = n2, w3 = lo0;
-    k0 += kernels::detail::kPhiloxW0;
-    k1 += kernels::detail::kPhiloxW1;
-  }
-  const __m256 scale = _mm256_set1_ps(0x1p-24f);
-  const __m256i words[4] = {w0, w1, w2, w3};
-  for (int k = 0; k < 4; ++k) out[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[k], 8)), scale);
-}
-
-// Pass 1 on 8 lanes; the lane order of min and max does not matter (exact).
+// Pass 1 on 8 lanes. The min and max of the unclamped values, clamped once at
+// the end, are those of the clamped values (the clamp is monotone; a bucket
+// with inf or NaN sends NaN whatever they are), and exact in any lane order.
+// inf and NaN are the magnitudes (sign bit cleared) from 0x7F800000 up.
 template <bool kEf, class G>
 Bucket scan_avx2(const G* g, const float* r, std::size_t begin, std::size_t end, std::uint32_t bits) {
-  const __m256 clamp = _mm256_set1_ps(kQsgdClamp), nclamp = _mm256_set1_ps(-kQsgdClamp);
-  __m256 lo8 = clamp, hi8 = nclamp, bad8 = _mm256_setzero_ps();
+  const __m256i abs_bits = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256 lo8 = _mm256_set1_ps(kQsgdClamp), hi8 = _mm256_set1_ps(-kQsgdClamp);
+  __m256i mag8 = _mm256_setzero_si256();
   std::size_t i = begin;
   for (; i + 8 <= end; i += 8) {
     __builtin_prefetch(g + i + kPrefetchAhead);
     if constexpr (kEf) __builtin_prefetch(r + i + kPrefetchAhead, 1);
     const __m256 v = input8<kEf>(g, r, i);
-    bad8 = _mm256_or_ps(bad8, nonfinite_mask(v));
-    const __m256 c = _mm256_min_ps(_mm256_max_ps(v, nclamp), clamp);  // NaN lanes: flagged by bad8
-    lo8 = _mm256_min_ps(lo8, c);
-    hi8 = _mm256_max_ps(hi8, c);
+    mag8 = _mm256_max_epu32(mag8, _mm256_and_si256(_mm256_castps_si256(v), abs_bits));
+    lo8 = _mm256_min_ps(lo8, v);  // a NaN lane leaves garbage: its bucket is flagged by mag8
+    hi8 = _mm256_max_ps(hi8, v);
   }
   alignas(32) float lo_l[8], hi_l[8];
+  alignas(32) std::uint32_t mag_l[8];
   _mm256_store_ps(lo_l, lo8);
   _mm256_store_ps(hi_l, hi8);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(mag_l), mag8);
   float lo = kQsgdClamp, hi = -kQsgdClamp;
-  for (int l = 0; l < 8; ++l) lo = std::min(lo, lo_l[l]), hi = std::max(hi, hi_l[l]);
-  bool bad = _mm256_movemask_ps(bad8) != 0;
+  bool bad = false;
+  for (int l = 0; l < 8; ++l) lo = std::min(lo, lo_l[l]), hi = std::max(hi, hi_l[l]), bad |= mag_l[l] >= 0x7F800000u;
   for (; i < end; ++i) {
     const float v = input<kEf>(g, r, i);
     bad |= is_nonfinite(v);
-    const float c = qsgd_clamp(v);
-    lo = std::min(lo, c), hi = std::max(hi, c);
+    lo = std::min(lo, v), hi = std::max(hi, v);
   }
-  const QsgdScale s = qsgd_scale(lo, hi, bad, bits);
-  return Bucket{s, qsgd_inverse(s.unit)};
+  const bool clean = !bad && lo >= -kQsgdClamp && hi <= kQsgdClamp;
+  const QsgdScale s = qsgd_scale(qsgd_clamp(lo), qsgd_clamp(hi), bad, bits);
+  return Bucket{s, qsgd_inverse(s.unit), clean};
 }
 
-// Levels of 8 elements (qsgd_level on 8 lanes) and their residual.
-template <bool kEf, class G>
+// Levels of 8 elements (qsgd_level on 8 lanes) and their residual; kClean:
+// the bucket is clean (Bucket::clean), so no clamp and no non-finite residual.
+template <bool kEf, bool kClean, class G>
 inline __m256i levels8(const G* g, float* r, std::size_t i, const Bucket& b, __m256 dither, __m256 top) {
   const __m256 v = input8<kEf>(g, r, i);
-  const __m256 c = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-kQsgdClamp)), _mm256_set1_ps(kQsgdClamp));
+  const __m256 c =
+      kClean ? v : _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-kQsgdClamp)), _mm256_set1_ps(kQsgdClamp));
   const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(c, _mm256_set1_ps(b.scale.lo)), _mm256_set1_ps(b.inv)),
                                  dither);
   // max(y, 0) gives 0 for NaN (its second operand), as qsgd_level's selects do.
@@ -201,41 +150,52 @@ inline __m256i levels8(const G* g, float* r, std::size_t i, const Bucket& b, __m
   if constexpr (kEf) {  // ef_residual(v, qsgd_value(q, scale))
     const __m256 d = _mm256_add_ps(_mm256_set1_ps(b.scale.lo),
                                    _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(b.scale.unit)));
-    _mm256_storeu_ps(r + i, ef_residual8(v, d));
+    _mm256_storeu_ps(r + i, kClean ? _mm256_sub_ps(v, d) : ef_residual8(v, d));
   }
   return q;
 }
 
+// The 32 levels of a group (q[k] lane l: element 8k + l, each <= 255) as 32
+// bytes in element order.
+inline __m256i levels_to_bytes(const __m256i q[4]) {
+  // Saturating packs keep the values; per 128-bit half they interleave the
+  // inputs, leaving elements 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31.
+  const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// dither: the group's 32 draws, or nullptr for round to nearest (0.5).
 template <bool kEf, class G>
-void group_avx2(const G* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits,
-                const QsgdRounding& rnd, std::uint32_t* words) {
+void group_avx2(const G* g, float* r, std::size_t i, const Bucket& b, std::uint32_t bits, const float* dither,
+                std::uint32_t* words) {
   const __m256 top = _mm256_set1_ps(static_cast<float>(qsgd_levels(bits)));
   __m256i q[4];
-  if (rnd.stochastic) {
-    __m256 dither[4];
-    dithers_avx2(rnd, i, dither);
-    for (int k = 0; k < 4; ++k) q[k] = levels8<kEf>(g, r, i + 8 * k, b, dither[k], top);
-  } else {
-    for (int k = 0; k < 4; ++k) q[k] = levels8<kEf>(g, r, i + 8 * k, b, _mm256_set1_ps(0.5f), top);
+  for (int k = 0; k < 4; ++k) {
+    const __m256 u = dither ? _mm256_loadu_ps(dither + 8 * k) : _mm256_set1_ps(0.5f);
+    q[k] = b.clean ? levels8<kEf, true>(g, r, i + 8 * k, b, u, top) : levels8<kEf, false>(g, r, i + 8 * k, b, u, top);
   }
-  std::uint32_t* out = words + i / kGroup * bits;
+  const __m256i e = levels_to_bytes(q);  // byte j: the level of element j
+  void* out = words + i / kGroup * bits;
   switch (bits) {
-    case 2: {  // 16 codes per word
-      const __m256i lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14), hi = _mm256_add_epi32(lo, _mm256_set1_epi32(16));
-      out[0] = or_lanes(_mm256_or_si256(_mm256_sllv_epi32(q[0], lo), _mm256_sllv_epi32(q[1], hi)));
-      out[1] = or_lanes(_mm256_or_si256(_mm256_sllv_epi32(q[2], lo), _mm256_sllv_epi32(q[3], hi)));
+    case 2: {  // byte j: elements 4j .. 4j+3, two bits each (levels <= 3: no carries)
+      const __m256i pairs = _mm256_maddubs_epi16(e, _mm256_set1_epi16(0x0401));        // e0 + 4 e1
+      const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(0x00100001));  // p0 + 16 p1
+      // 32-bit lanes 0-3 | 4-7 hold the bytes of elements 0-15 | 16-31: narrow, then join the halves.
+      const __m256i x = _mm256_packus_epi16(_mm256_packs_epi32(quads, quads), quads);
+      const __m256i y = _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+      _mm_storel_epi64(static_cast<__m128i*>(out), _mm256_castsi256_si128(y));
       break;
     }
-    case 4: {  // 8 codes per word
-      const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-      for (int k = 0; k < 4; ++k) out[k] = or_lanes(_mm256_sllv_epi32(q[k], sh));
+    case 4: {  // byte j: elements 2j, 2j+1, four bits each (levels <= 15: no carries)
+      const __m256i pairs = _mm256_maddubs_epi16(e, _mm256_set1_epi16(0x1001));  // e0 + 16 e1
+      // 16-bit lanes 0-7 | 8-15 hold the bytes of elements 0-15 | 16-31: narrow, then join the halves.
+      const __m256i x = _mm256_permute4x64_epi64(_mm256_packus_epi16(pairs, pairs), 0x08);
+      _mm_storeu_si128(static_cast<__m128i*>(out), _mm256_castsi256_si128(x));
       break;
     }
-    default: {  // 8: 4 codes per word
-      const __m256i sh = _mm256_setr_epi32(0, 8, 16, 24, 0, 8, 16, 24);
-      for (int k = 0; k < 4; ++k) or_quads(_mm256_sllv_epi32(q[k], sh), out + 2 * k);
+    default:  // 8: byte j is element j
+      _mm256_storeu_si256(static_cast<__m256i*>(out), e);
       break;
-    }
   }
 }
 
@@ -301,16 +261,25 @@ void encode(const G* g, float* r, std::size_t n, std::uint32_t bits, std::uint32
 #endif
     std::memcpy(&scales[bi], &b.scale, sizeof b.scale);
     for (std::size_t i = begin; i < end;) {
-      if (i % kGroup == 0 && i + kGroup <= end) {
+      if (i % kGroup == 0 && i + kGroup <= end) {  // up to kChunkGroups whole groups
+        const std::size_t groups = std::min(kChunkGroups, (end - i) / kGroup);
+        alignas(32) float draws[kChunkGroups * kGroup];
+        const float* dither = nullptr;
+        if (rnd.stochastic) {
+          philox_uniforms(rnd.seed, rnd.step, i / kGroup, groups, draws);
+          dither = draws;
+        }
+        for (std::size_t q = 0; q < groups; ++q, i += kGroup) {
+          const float* d = dither ? dither + q * kGroup : nullptr;
 #if GZ_CPU_AVX2
-        if (simd_bits(bits))
-          group_avx2<kEf>(g, r, i, b, bits, rnd, words);
-        else
-          group_portable<kEf>(g, r, i, b, bits, rnd, words);
+          if (simd_bits(bits))
+            group_avx2<kEf>(g, r, i, b, bits, d, words);
+          else
+            group_portable<kEf>(g, r, i, b, bits, d, words);
 #else
-        group_portable<kEf>(g, r, i, b, bits, rnd, words);
+          group_portable<kEf>(g, r, i, b, bits, d, words);
 #endif
-        i += kGroup;
+        }
         continue;
       }
       if (i % kGroup == 0) zero_group_words(words, i, bits, total_words);

@@ -158,6 +158,49 @@ TEST(Philox, UniformsAreInRangeAndEvenlySpread) {
   for (int h : hist) EXPECT_NEAR(h, 10000, 500);  // 5 sigma
 }
 
+// cpu::philox_uniforms (SIMD lanes, many groups at once) = philox_uniform, bit
+// for bit: group counts that do and do not fill the interleaved pairs, groups
+// whose blocks cross into the counter's high word (block 2^32 = group 2^29)
+// and near its top, steps above 2^32, seeds at both ends.
+TEST(Philox, LaneDrawsAreTheScalarDraws) {
+  // The last first group reaches element 2^64 - 1.
+  const std::uint64_t firsts[] = {0, 1, 6, (1ull << 29) - 3, (1ull << 32) + 5, (1ull << 59) - 17};
+  const std::uint64_t steps[] = {0, 5, (1ull << 32) + 3, ~0ull};
+  const std::uint32_t seeds[] = {0, 11, 0xFFFFFFFFu};
+  std::vector<float> out;
+  for (std::uint64_t first : firsts)
+    for (std::uint64_t step : steps)
+      for (std::uint32_t seed : seeds)
+        for (std::size_t groups : {1u, 2u, 3u, 16u, 17u}) {
+          out.assign(groups * kernels::kPhiloxGroup + 1, -1.0f);
+          kernels::cpu::philox_uniforms(seed, step, first, groups, out.data());
+          for (std::size_t j = 0; j < groups * kernels::kPhiloxGroup; ++j)
+            ASSERT_EQ(bits_of(out[j]), bits_of(kernels::philox_uniform(seed, step, first * kernels::kPhiloxGroup + j)))
+                << "first group " << first << " step " << step << " seed " << seed << " groups " << groups
+                << " j " << j;
+          ASSERT_EQ(out.back(), -1.0f) << "wrote past the groups";
+        }
+}
+
+// Stochastic payloads = the spec written out across seeds and steps (above
+// 2^32 too), widths with and without lanes, buckets of whole groups whose
+// dithers come in one chunk, several, or a chunk and a remainder, and tails.
+TEST(Qsgd, StochasticPayloadIsTheSpecForEverySeedAndStep) {
+  for (std::uint32_t seed : {0u, 7u, 3000000000u})
+    for (std::uint64_t step : {std::uint64_t{0}, std::uint64_t{1}, (std::uint64_t{1} << 32) + 9})
+      for (std::uint32_t bits : {2u, 3u, 4u, 8u})
+        for (std::uint32_t bucket : {32u, 96u, 512u, 544u, 1100u}) {
+          const std::string spec = "qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket) +
+                                   ",stochastic=on,seed=" + std::to_string(seed);
+          const std::size_t n = 2 * bucket + 37;
+          SCOPED_TRACE(spec + " step " + std::to_string(step));
+          const auto g = test::normal(n, seed + bits), r0 = test::normal(n, bucket, 0.1f);
+          std::vector<float> r = r0;
+          const Parsed got = parse(encode(spec, g, &r, step));
+          expect_same(got, reference(sum(g, r0), bits, bucket, true, seed, step), spec);
+        }
+}
+
 // Payload = the spec written out, for every width, bucket sizes that are and
 // are not multiples of 32 (the group and the one-by-one paths), both roundings.
 class QsgdSpec : public ::testing::TestWithParam<std::tuple<std::uint32_t, std::uint32_t, bool>> {};
@@ -299,6 +342,30 @@ TEST(Qsgd, HugeValuesSaturateAndTheResidualKeepsTheRest) {
     EXPECT_EQ(r[i], g[i] - d[i]) << i;
   }
   EXPECT_NEAR(d[0], kernels::kQsgdClamp, 1e-6 * kernels::kQsgdClamp);
+}
+
+// Values beyond the clamp in buckets of whole groups (the lane paths, which
+// skip the clamp in buckets that need none): payload and residual as the spec.
+TEST(Qsgd, HugeValuesInLaneBucketsAreTheSpec) {
+  auto g = test::normal(200, 3);
+  g[5] = L::max(), g[40] = -3e38f, g[70] = 1e38f, g[130] = -L::max(), g[131] = L::max(), g[199] = 2e38f;
+  const auto r0 = test::normal(g.size(), 4, 0.1f);
+  for (std::uint32_t bits : {2u, 3u, 4u, 8u})
+    for (std::uint32_t bucket : {32u, 64u})
+      for (bool stochastic : {false, true}) {
+        const std::string spec = "qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket) +
+                                 (stochastic ? ",stochastic=on" : "");
+        SCOPED_TRACE(spec);
+        std::vector<float> r = r0;
+        const Parsed got = parse(encode(spec, g, &r, 2));
+        expect_same(got, reference(sum(g, r0), bits, bucket, stochastic, 0, 2), spec);
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          const QsgdScale s = got.scales[i / bucket];
+          const float want = s.lo + static_cast<float>(static_cast<double>(got.levels[i]) * s.unit);
+          const float res = (g[i] + r0[i]) - want;
+          ASSERT_EQ(bits_of(r[i]), bits_of(std::isfinite(res) ? res : 0.0f)) << i;
+        }
+      }
 }
 
 // inf or NaN makes its own bucket decode to NaN (loss scalers see it); the
