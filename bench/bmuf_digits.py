@@ -55,13 +55,15 @@ from gradzip.experiments import digits
 REPO = Path(__file__).resolve().parents[1]
 
 
-def bmuf_method(codec: str, h: int, mu: str, overlap: bool = False, transport: str = "gradzip") -> str:
+def bmuf_method(codec: str, h: int, mu: str, overlap: bool = False, transport: str = "gradzip",
+                options: str = "") -> str:
     """The digits experiment's method string (gradzip/experiments/_digits_bmuf.py)."""
     m = f"{codec}@bmuf:h={h}"
     if mu != "default":
         m += f",mu={mu}"
     m += ",overlap=on" if overlap else ""
-    return m + ("" if transport == "gradzip" else f",transport={transport}")
+    m += "" if transport == "gradzip" else f",transport={transport}"
+    return m + (f",{options}" if options else "")
 
 
 def methods(args: argparse.Namespace) -> List[str]:
@@ -69,10 +71,11 @@ def methods(args: argparse.Namespace) -> List[str]:
     for mu in args.block_momentum:
         for codec in args.codecs:
             for h in args.block_steps:
-                out.append(bmuf_method(codec, h, mu, transport=args.transport))
+                out.append(bmuf_method(codec, h, mu, transport=args.transport, options=args.bmuf_options))
     for codec in args.overlap_codecs:
         for h in args.block_steps:
-            out.append(bmuf_method(codec, h, args.block_momentum[-1], overlap=True, transport=args.transport))
+            out.append(bmuf_method(codec, h, args.block_momentum[-1], overlap=True, transport=args.transport,
+                                   options=args.bmuf_options))
     return list(dict.fromkeys(out))
 
 
@@ -212,11 +215,11 @@ def plots(rows: List[Dict[str, Any]], target: float, args: argparse.Namespace, o
     grid's tuned value); the time plot BMUF with the first codec that is not
     none (the headline), with and without overlap."""
     mu = args.block_momentum[-1]
-    tuned = {bmuf_method(c, h, mu, o, args.transport) for c in args.codecs + args.overlap_codecs for h in args.block_steps
-             for o in (False, True)}
+    tuned = {bmuf_method(c, h, mu, o, args.transport, args.bmuf_options)
+             for c in args.codecs + args.overlap_codecs for h in args.block_steps for o in (False, True)}
     headline = next((c for c in args.codecs if c != "none"), args.codecs[0])
-    timed = set(args.baselines) | {bmuf_method(headline, h, mu, o, args.transport) for h in args.block_steps
-                                   for o in (False, True)}
+    timed = set(args.baselines) | {bmuf_method(headline, h, mu, o, args.transport, args.bmuf_options)
+                                   for h in args.block_steps for o in (False, True)}
     ratio = [{"mode": "train", "codec": r["method"], "label": _label(r, args.baselines),
               "accuracy": r["accuracy_mean"], "ratio": r["bytes_ratio"]}
              for r in rows if r["method"] in tuned or r["method"] in args.baselines]
@@ -268,6 +271,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--transport", choices=("gradzip", "torch"), default="gradzip",
                     help="what carries BMUF's exchange: gradzip's UCX (default; what BENCHMARKS.md section 7 "
                          "measured) or the gloo group itself (BlockMomentum's own default)")
+    ap.add_argument("--bmuf-options", default="",
+                    help="more BlockMomentum options for every BMUF method, as in its method string, e.g. "
+                         "algorithm=scatter_reduce,server=onebit")
     ap.add_argument("--baselines", default="fp32,onebit",
                     help="DDP methods, the first being the reference (default fp32,onebit: DDP fp32, and "
                          "gradzip's onebit hook)")

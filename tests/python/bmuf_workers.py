@@ -182,6 +182,24 @@ def identical_with_every_codec(rank: int, world: int, transport: str) -> Dict[st
     return out
 
 
+def server_codec(rank: int, world: int, transport: str) -> Dict[str, Any]:
+    """onebit over scatter_reduce with its default server codec (fp16) and with
+    server_codec="onebit": the same model on every rank either way, and the
+    onebit chunk sums put fewer bytes on the wire."""
+    out: Dict[str, Any] = {}
+    for server in (None, "onebit"):
+        model = make_model(seed=rank)
+        opt = BlockMomentum(model, local_optimizer(model), block_steps=2, codec="onebit",
+                            algorithm="scatter_reduce", server_codec=server, transport=transport)
+        train(opt, model, rank, 0, 6)
+        w = global_of(opt)
+        out[f"same/{server}"] = same_on_every_rank(w) and bool(np.isfinite(w).all())
+        out[f"wire/{server}"] = opt.compression_stats()["wire_bytes_per_block"]
+        out[f"config/{server}"] = opt.state_dict()["config"]["server_codec"]
+        opt.close()
+    return out
+
+
 def resume(rank: int, world: int, codec: str, overlap: bool, transport: str) -> Dict[str, Any]:
     """Train 7 steps (H=3: two blocks and one step into the third), checkpoint,
     train 8 more; then a fresh model and BlockMomentum restored from the
@@ -423,6 +441,7 @@ def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
         out["ref/onebit_ef_reset"] = against_reference(rank, world, [2, 2, 2, 2], codec="onebit",
                                                        algorithm="allgather", bucket_elements=20, carry_ef=False, **t)
         out.update(identical_with_every_codec(rank, world, transport))
+        out["server_codec"] = server_codec(rank, world, transport)
         for codec, overlap in (("onebit", False), ("onebit", True), ("topk:density=0.1,select=sample", False)):
             out[f"resume/{codec}/overlap={overlap}"] = resume(rank, world, codec, overlap, transport)
         out["diloco"] = diloco(rank, world, transport)

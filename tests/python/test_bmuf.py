@@ -84,6 +84,16 @@ def test_every_rank_holds_the_same_global_model(three_ranks, codec, overlap):
     assert three_ranks[0][f"blocks/{key}"] == 3
 
 
+def test_server_codec_reaches_the_exchange(three_ranks):
+    # scatter_reduce's chunk sums re-encoded with onebit instead of the
+    # default fp16: fewer bytes, the same model on every rank, and the
+    # choice is part of what a checkpoint must agree on.
+    for r in every_rank(three_ranks, "server_codec"):
+        assert r["same/None"] and r["same/onebit"], r
+        assert r["wire/onebit"] < r["wire/None"], r
+        assert r["config/None"] is None and r["config/onebit"] == "onebit:block=512", r
+
+
 @pytest.mark.parametrize("case", ["onebit/overlap=False", "onebit/overlap=True",
                                   "topk:density=0.1,select=sample/overlap=False"])
 def test_resume_from_checkpoint_is_bit_identical(three_ranks, case):

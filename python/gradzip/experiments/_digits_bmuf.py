@@ -6,11 +6,13 @@ compressed model update every H steps. Options after ``bmuf:``, comma
 separated: ``h`` (block steps, required), ``mu`` (block momentum, default
 1 - 1/P), ``lr`` (block learning rate, default 1), ``nesterov=on|off``
 (default on), ``overlap=on|off`` (default off), ``algorithm`` (default auto),
+``server`` (scatter_reduce's server codec, a spec without commas),
 ``transport=gradzip|torch``: gradzip's own UCX connections (default here:
 the transport BENCHMARKS.md section 7 was measured over) or the gloo group
 itself (BlockMomentum's own default).
 
     onebit@bmuf:h=16                  topk:density=0.01@bmuf:h=4,overlap=on
+    onebit@bmuf:h=16,algorithm=scatter_reduce,server=onebit
     qsgd:bits=4@bmuf:h=16,transport=torch
 """
 
@@ -45,11 +47,13 @@ def parse(method: str) -> Tuple[str, Dict[str, Any]]:
             kwargs[key] = _ON_OFF[value]
         elif key == "algorithm":
             kwargs["algorithm"] = value
+        elif key == "server":
+            kwargs["server_codec"] = value
         elif key == "transport" and value in _TRANSPORTS:
             kwargs["transport"] = value
         else:
             raise ValueError(f"method {method!r}: unknown option {item!r} (h, mu, lr, nesterov=on|off, "
-                             f"overlap=on|off, algorithm, transport=gradzip|torch)")
+                             f"overlap=on|off, algorithm, server, transport=gradzip|torch)")
     if "block_steps" not in kwargs:
         raise ValueError(f"method {method!r}: h=H (block steps) is required")
     return spec, kwargs

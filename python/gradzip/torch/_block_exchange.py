@@ -43,14 +43,16 @@ __all__ = ["CommunicatorExchange", "Background"]
 class CommunicatorExchange:
     """BMUF's exchange over a :class:`gradzip.Communicator`."""
 
-    __slots__ = ("comm", "codec", "algorithm", "_states", "_fp32", "_fp32_state")
+    __slots__ = ("comm", "codec", "algorithm", "server_codec", "_states", "_fp32", "_fp32_state")
 
-    def __init__(self, comm: Any, codec: Any, algorithm: str, buffers: int) -> None:
+    def __init__(self, comm: Any, codec: Any, algorithm: str, buffers: int,
+                 server_codec: Optional[str] = None) -> None:
         import gradzip
 
         self.comm = comm
         self.codec = codec
         self.algorithm = algorithm
+        self.server_codec = server_codec
         self._states: List[Any] = [gradzip.ErrorFeedback() for _ in range(buffers)]
         self._fp32 = gradzip.Codec("none")
         self._fp32_state = gradzip.ErrorFeedback()
@@ -64,7 +66,8 @@ class CommunicatorExchange:
         return self.comm.rank
 
     def average_(self, i: int, flat: torch.Tensor) -> int:
-        stats = self.comm.allreduce(flat, self.codec, self._states[i], op="avg", algorithm=self.algorithm)
+        stats = self.comm.allreduce(flat, self.codec, self._states[i], op="avg", algorithm=self.algorithm,
+                                    server_codec=self.server_codec)
         return int(stats["wire_bytes"])
 
     def average_exact_(self, flat: torch.Tensor) -> int:

@@ -107,6 +107,12 @@ class BlockMomentum:
             by default one is made over ``process_group``'s ranks.
         algorithm: the communicator's ``"auto"``, ``"allgather"`` or
             ``"scatter_reduce"``.
+        server_codec: the spec scatter_reduce re-encodes each chunk's sum
+            with (:meth:`gradzip.Communicator.allreduce`); None: the codec's
+            default (fp16 for onebit). ``algorithm="scatter_reduce",
+            server_codec="onebit"`` sends the fewest bytes with onebit at 3-15
+            ranks (about half of what ``auto``'s allgather sends at 4 ranks;
+            BENCHMARKS.md section 7 has both).
         bucket_elements: the update travels as buffers of at most this many
             elements, each with its own error feedback. Default 2**26 (256 MiB).
 
@@ -135,6 +141,7 @@ class BlockMomentum:
         "transport",
         "codec",
         "algorithm",
+        "server_codec",
         "bucket_elements",
         "local_optimizer",
         "world_size",
@@ -179,6 +186,7 @@ class BlockMomentum:
         process_group: Any = None,
         communicator: Any = None,
         algorithm: str = "auto",
+        server_codec: Optional[str] = None,
         bucket_elements: int = 1 << 26,
     ) -> None:
         _check_int("block_steps", block_steps, 1)
@@ -198,6 +206,7 @@ class BlockMomentum:
         params, buffers = _tensors_of(module_or_params)
         _check_optimizer_covers(local_optimizer, params)
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
+        self.server_codec = None if server_codec is None else Codec(server_codec).spec
         comm = _connect(transport, process_group, communicator)
 
         self.transport = transport
@@ -220,7 +229,8 @@ class BlockMomentum:
         buckets = -(-self._n // bucket_elements)
         self._payload_bytes = sum(self.codec.max_payload_bytes(min(bucket_elements, self._n - lo))
                                   for lo in range(0, self._n, bucket_elements))
-        self._exchange = _block_exchange.CommunicatorExchange(comm, self.codec, algorithm, buckets)
+        self._exchange = _block_exchange.CommunicatorExchange(comm, self.codec, algorithm, buckets,
+                                                             self.server_codec)
         self._owns_comm = communicator is None
         self._global = torch.empty(self._n, dtype=torch.float32, device=device)
         self._delta = torch.zeros(self._n, dtype=torch.float32, device=device)
@@ -527,7 +537,8 @@ class BlockMomentum:
     def _structure(self) -> Dict[str, Any]:
         """What a checkpoint must agree on to be restored here."""
         return {"world_size": self.world_size, "elements": self._n, "codec": self.codec.spec,
-                "algorithm": self.algorithm, "bucket_elements": self.bucket_elements, "nesterov": self.nesterov,
+                "algorithm": self.algorithm, "server_codec": self.server_codec,
+                "bucket_elements": self.bucket_elements, "nesterov": self.nesterov,
                 "overlap": self.overlap}
 
 
