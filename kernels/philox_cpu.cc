@@ -39,6 +39,13 @@ struct RoundKeys {
     }
 }
 
+#if GZ_CPU_AVX2  // (AVX-512 builds have it too)
+/// uniform_from_bits on 8 lanes.
+inline __m256 uniforms8(__m256i words) {
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words, 8)), _mm256_set1_ps(0x1p-24f));
+}
+#endif
+
 #if defined(__AVX512F__)
 /// Groups first .. first + G - 1 (one vector per word and group).
 template <int G>
@@ -68,14 +75,10 @@ inline void groups_avx512(const RoundKeys& keys, std::uint64_t step, std::uint64
       w3[q] = p0;                                                                      // lo0
     }
   }
-  const __m256 scale = _mm256_set1_ps(0x1p-24f);
   for (int q = 0; q < G; ++q) {
     const __m512i words[4] = {w0[q], w1[q], w2[q], w3[q]};
-    for (int k = 0; k < 4; ++k) {  // uniform_from_bits of the 8 low halves
-      const __m256i w = _mm512_maskz_cvtepi64_epi32(kAll, words[k]);
-      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), scale);
-      _mm256_storeu_ps(out + kPhiloxGroup * q + 8 * k, u);
-    }
+    for (int k = 0; k < 4; ++k)  // the 8 low halves
+      _mm256_storeu_ps(out + kPhiloxGroup * q + 8 * k, uniforms8(_mm512_maskz_cvtepi64_epi32(kAll, words[k])));
   }
 }
 #elif GZ_CPU_AVX2
@@ -106,15 +109,12 @@ inline void groups_avx2(const RoundKeys& keys, std::uint64_t step, std::uint64_t
       w3[h] = p0;                                                                         // lo0
     }
   }
-  const __m256 scale = _mm256_set1_ps(0x1p-24f);
   for (int q = 0; q < G; ++q) {
     const __m256i even[4] = {w0[2 * q], w1[2 * q], w2[2 * q], w3[2 * q]};
     const __m256i odd[4] = {w0[2 * q + 1], w1[2 * q + 1], w2[2 * q + 1], w3[2 * q + 1]};
-    for (int k = 0; k < 4; ++k) {  // blocks 0..7 in lane order, then uniform_from_bits
-      const __m256i w = _mm256_blend_epi32(even[k], _mm256_slli_epi64(odd[k], 32), 0xAA);
-      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), scale);
-      _mm256_storeu_ps(out + kPhiloxGroup * q + 8 * k, u);
-    }
+    for (int k = 0; k < 4; ++k)  // blocks 0..7 in lane order
+      _mm256_storeu_ps(out + kPhiloxGroup * q + 8 * k,
+                       uniforms8(_mm256_blend_epi32(even[k], _mm256_slli_epi64(odd[k], 32), 0xAA)));
   }
 }
 #endif
