@@ -161,7 +161,10 @@ def backend_suite(rank, world):
     out["none/bit_identical"] = torch.equal(a, b)
     out["none/exact_calls"] = none.compression_stats()["exact_calls"]
 
-    # 8. Ranks with different policies: refused on every rank when the group is made.
+    # 8. A peer that stops calling: the engine's error, typed, from Work.wait within the group's timeout.
+    out.update(_dead_peer(rank))
+
+    # 9. Ranks with different policies: refused on every rank when the group is made.
     try:
         dist.new_group(backend="gradzip", pg_options=Policy("onebit" if rank == 0 else "fp16"))
         out["mismatch"] = None
@@ -251,6 +254,26 @@ def _async(rank, world):
     fut_value = work.get_future().wait()
     out["async/future_is_tensor"] = fut_value[0] is t or torch.equal(fut_value[0], t)
     out["async/digest"] = hashlib.sha256(t.numpy().tobytes()).hexdigest()
+    return out
+
+
+def _dead_peer(rank):
+    from gradzip.torch.backend import Policy
+
+    out = {}
+    group = dist.new_group(backend="gradzip", timeout=datetime.timedelta(seconds=2), pg_options=Policy(min_elements=0))
+    t = torch.ones(4096)
+    dist.all_reduce(t, group=group)  # both ranks: the communicator exists
+    if rank == 0:  # rank 1 does not come to the second call
+        work = dist.all_reduce(t, group=group, async_op=True)
+        t0 = time.monotonic()
+        try:
+            work.wait()
+            out["dead_peer"] = None
+        except Exception as e:
+            out["dead_peer"] = (type(e).__name__, isinstance(e, RuntimeError), round(time.monotonic() - t0, 1),
+                                str(e)[:300])
+    dist.barrier()  # the default group still works
     return out
 
 

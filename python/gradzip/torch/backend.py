@@ -179,6 +179,7 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         self._comms: Dict[str, Any] = {}
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pending: List[concurrent.futures.Future] = []
+        self._submit = threading.Lock()  # DDP calls all_reduce from autograd's thread, barrier comes from ours
         self._streams: Dict[torch.device, Any] = {}
         self._lock = threading.Lock()  # the byte counts
         self._stats = _new_stats()
@@ -236,10 +237,11 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         """This rank's error-feedback states, in the order of their first use,
         and the byte counts (waits for queued reductions first)."""
         self._drain()
-        with self._lock:
+        with self._submit, self._lock:
             stats = dict(self._stats)
+            states = self._states.state_dict()
         return {"version": _STATE_VERSION, "policy": self.policy.fields(), "world_size": self._size,
-                "states": self._states.state_dict(), "stats": stats}
+                "states": states, "stats": stats}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output, saved on this rank with the same
@@ -255,8 +257,8 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             raise ValueError(f"the state_dict was saved with world_size={state.get('world_size')!r}, this group "
                              f"has {self._size}")
         self._drain()
-        self._states.load_state_dict(state["states"])
-        with self._lock:
+        with self._submit, self._lock:
+            self._states.load_state_dict(state["states"])
             self._stats = _new_stats()
             self._stats.update({k: v for k, v in state.get("stats", {}).items() if k in self._stats})
 
@@ -278,12 +280,14 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         return codec
 
     def _exact_allreduce(self, tensors: List[torch.Tensor], opts: Any) -> Any:
-        backend = self._backends.get(tensors[0].device.type) if tensors else self._backends["cpu"]
+        if not tensors:
+            return self._backends["cpu"].allreduce(tensors, opts)
+        backend = self._backends.get(tensors[0].device.type)
         if backend is None:
             raise RuntimeError(f"gradzip backend: no backend for {tensors[0].device.type} tensors")
         op = getattr(opts.reduceOp, "op", opts.reduceOp)
-        floating = tensors and tensors[0].is_floating_point()
-        if floating and len(tensors) == 1:
+        floating = tensors[0].is_floating_point()
+        if floating and len(tensors) == 1 and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
             with self._lock:
                 self._stats["exact_calls"] += 1
         if op == dist.ReduceOp.AVG and tensors[0].device.type == "cpu" and floating:
@@ -303,6 +307,10 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         return backend.allreduce(tensors, opts)
 
     def _compressed_allreduce(self, t: torch.Tensor, codec: Any, opts: Any) -> Work:
+        with self._submit:
+            return self._submit_compressed(t, codec, opts)
+
+    def _submit_compressed(self, t: torch.Tensor, codec: Any, opts: Any) -> Work:
         op = "avg" if getattr(opts.reduceOp, "op", opts.reduceOp) == dist.ReduceOp.AVG else "sum"
         kind = t.device.type
         comm = self._comms.get(kind)
@@ -360,7 +368,8 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         return gradzip.Communicator.from_torch(self, transport=transport, timeout=self._timeout_s)
 
     def _drain(self) -> None:
-        pending, self._pending = self._pending, []
+        with self._submit:
+            pending, self._pending = self._pending, []
         for f in pending:
             f.result()  # jobs never raise: errors go to their Work
 
