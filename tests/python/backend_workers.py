@@ -141,6 +141,14 @@ def backend_suite(rank, world):
     out["metrics/sum_exact"] = torch.equal(total, expect)
     out["metrics/avg_exact"] = torch.equal(mean, expect / world)
 
+    # 3b. torch's functional collectives (DTensor, compiled graphs) reach the backend too.
+    import torch.distributed._functional_collectives as fc
+
+    before = gzb.compression_stats()["compressed_calls"]
+    value = fc.wait_tensor(fc.all_reduce(torch.full((4096,), float(rank + 1)), "sum", pg))
+    out["functional/compressed_calls"] = gzb.compression_stats()["compressed_calls"] - before
+    out["functional/value"] = value[:2].tolist()
+
     # 4. What stays torch's: integers, other ops, float64, other collectives.
     out.update(_delegated(rank, world, pg, gloo))
 

@@ -54,6 +54,11 @@ def test_metrics_all_reduce_stays_exact(suite):
     assert all(every(suite, "metrics/sum_exact")) and all(every(suite, "metrics/avg_exact"))
 
 
+def test_functional_collectives_reach_the_backend(suite):
+    assert every(suite, "functional/compressed_calls") == [1, 1]
+    assert every(suite, "functional/value") == [[3.0, 3.0]] * 2  # onebit is exact on a constant
+
+
 @pytest.mark.parametrize("what", ["int64_sum", "int32_max", "float_max", "float64_sum", "broadcast", "all_gather",
                                   "reduce_scatter", "all_to_all", "send_recv"])
 def test_other_collectives_are_gloos(suite, what):
