@@ -25,10 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple, backend: str,
-           env: dict) -> None:
+def _entry(fn: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple, backend: str = "gloo",
+           env: Optional[dict] = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), **env)
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), **(env or {}))
     import torch
     import torch.distributed as dist
 
