@@ -13,6 +13,11 @@ Settings (--settings, comma-separated, run in this order, each on a fresh DDP mo
                   (torch's process group), e.g. fp16, onebit, topk:density=0.01
   SPEC@gradzip    the same over gradzip's own transport (UCX)
   SPEC/ALGORITHM  with the hook's algorithm set (allgather, scatter_reduce, ...)
+  SPEC@backend    DDP without a hook, in a group of the gradzip process-group
+                  backend whose policy compresses every float all_reduce with
+                  SPEC (gradzip.torch.backend.Policy(SPEC, min_elements=0));
+                  SPEC/ALGORITHM@backend sets the policy's algorithm;
+                  --backend adds this twin right after each hook setting
 
 A step is zero_grad, forward, backward (the hook's exchanges overlap it) and
 SGD's update; its time is the slowest rank's. Each setting runs --warmup
@@ -51,10 +56,16 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="timed steps per setting")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--backend", action="store_true", help="after each SPEC (hook over torch's group) setting, "
+                   "also run SPEC@backend (the same codec through the process-group backend)")
     p.add_argument("--json", help="write the records here (rank 0)")
     p.add_argument("--timeout", type=float, default=float(os.environ.get("GRADZIP_TIMEOUT_S", "300")))
     a = p.parse_args(argv)
     a.settings = [s.strip().replace(";", ",") for s in a.settings.split(",") if s.strip()]
+    if a.backend:
+        a.settings = [t for s in a.settings
+                      for t in ([s, s + "@backend"] if s not in ("fp32", "torch-fp16") and "@" not in s
+                                else [s])]
     if a.steps < 1 or a.warmup < 1 or not a.settings:
         p.error("need --steps >= 1, --warmup >= 1 (DDP rebuilds its buckets after step 1) and a setting")
     return a
@@ -81,6 +92,7 @@ def describe_machine() -> str:
 def build(a: argparse.Namespace, setting: str) -> Dict[str, Any]:
     """A fresh model, its DDP wrapper and hook for one setting."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -89,11 +101,18 @@ def build(a: argparse.Namespace, setting: str) -> Dict[str, Any]:
     for _ in range(a.layers):
         layers += [torch.nn.Linear(a.width, a.width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers[:-1])
-    ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb, gradient_as_bucket_view=True)
+    group = None
+    if setting.endswith("@backend"):  # the same DDP, no hook, in a group of the gradzip backend
+        from gradzip.torch.backend import Policy
+
+        spec, _, algorithm = setting[:-len("@backend")].partition("/")
+        policy = Policy(spec, min_elements=0, algorithm=algorithm or "auto")
+        group = dist.new_group(backend="gradzip", pg_options=policy)
+    ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb, gradient_as_bucket_view=True, process_group=group)
     state = None
     if setting == "torch-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif setting != "fp32":
+    elif setting != "fp32" and group is None:
         from gradzip.torch import CompressionState, compression_hook
 
         spec, transport = setting, "torch"
@@ -105,7 +124,7 @@ def build(a: argparse.Namespace, setting: str) -> Dict[str, Any]:
         state = CompressionState(codec=spec, transport=transport, algorithm=algorithm)
         ddp.register_comm_hook(state, compression_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
-    return {"ddp": ddp, "opt": opt, "state": state,
+    return {"ddp": ddp, "opt": opt, "state": state, "group": group,
             "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -131,6 +150,8 @@ def run_setting(a: argparse.Namespace, setting: str, x: Any, y: Any) -> Dict[str
     if m["state"] is not None:
         stats = m["state"].compression_stats()
         wire = stats["wire_bytes_per_step"]
+    elif m["group"] is not None:  # every step's bytes, warm-up included: the same each step
+        wire = m["group"].compression_stats()["wire_bytes"] / (a.warmup + a.steps)
     else:
         elem = 2 if setting == "torch-fp16" else 4
         wire = 2 * (P - 1) / P * elem * m["params"]

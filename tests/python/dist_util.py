@@ -16,7 +16,7 @@ import queue
 import socket
 import time
 import traceback
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 
 def free_port() -> int:
@@ -25,15 +25,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple) -> None:
+def _entry(fn: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple, backend: str = "gloo",
+           env: Optional[dict] = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), **(env or {}))
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=60))
         value = fn(rank, world_size, *args)
         results.put((rank, True, value))
@@ -45,13 +46,16 @@ def _entry(fn: Callable, rank: int, world_size: int, port: int, results: Any, ar
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 180.0) -> List[Any]:
-    """Runs fn(rank, world_size, *args) on world_size processes; returns the
-    values by rank. fn must be importable (defined at module level)."""
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 180.0, backend: str = "gloo",
+              env: Optional[dict] = None) -> List[Any]:
+    """Runs fn(rank, world_size, *args) on world_size processes, in a group of
+    `backend` with `env` added to their environment; returns the values by
+    rank. fn must be importable (defined at module level)."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args, backend, env or {}),
+                         daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -12,9 +12,16 @@ compressed exchange every step is too slow, :class:`BlockMomentum` exchanges
 a compressed model update once every H local steps. For FSDP2
 (``fully_shard``) models, :mod:`gradzip.torch.fsdp` compresses the gradient
 reduce-scatter (``gradzip.torch.fsdp.register(model, codec="onebit")``).
+Importing this package also registers the ``gradzip`` process-group backend
+(:mod:`gradzip.torch.backend`): ``init_process_group("cpu:gradzip,cuda:gradzip")``
+compresses the group's all_reduce calls and leaves every other collective to
+gloo and NCCL.
 """
 
+from . import backend
 from .bmuf import BlockMomentum
 from .hook import CompressionState, compression_hook
+
+backend.register()
 
 __all__ = ["BlockMomentum", "CompressionState", "compression_hook"]

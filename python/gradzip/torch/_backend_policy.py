@@ -1,0 +1,243 @@
+"""The gradzip process-group backend's policy (which all_reduce calls are
+compressed, with which codec) and its error-feedback states (which residual a
+compressed call continues).
+
+Words used here:
+- *rule*: (dtype, min_elements, codec spec). A floating tensor reduced with
+  SUM or AVG takes the first rule whose dtype matches ("*" matches every
+  floating dtype the engine takes) and whose min_elements it reaches; codec
+  ``none`` in a rule, or no rule at all, keeps the call exact (delegated to
+  gloo or NCCL).
+- *signature*: (device type, dtype, element count, codec spec) of a
+  compressed call. Only a state of the same signature can serve it.
+- *slot*: one error-feedback state, the buffer it was last used with (its
+  address and a weak reference to its storage) and when.
+
+The identity rule (docs/python.md, "The process-group backend"): a compressed
+call on a buffer that is still alive continues that buffer's state (found by
+its address, element count and dtype). A call on a new buffer (new address,
+or the storage at a known address was freed and allocated again) takes over
+the *orphaned* state of its signature that was used least recently: one
+whose buffer has been freed since (``zero_grad(set_to_none=True)`` frees and
+reallocates every ``.grad`` each step; they take their states back in the
+order they were first reduced). With none, it gets a new zero state. An
+orphan that no buffer takes over within one round (until a live buffer's
+state is used again) is dropped. A checkpoint holds the states in the order
+of their first use and a restored one starts with all of them orphaned, so a
+program that reduces its buffers in the same order continues bit-identically.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .. import InvalidArgument
+from ..codec import Codec
+
+# The dtypes gradzip's engine reduces (16-bit ones on their float32 widening).
+ENGINE_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPE_NAMES = {"*", *ENGINE_DTYPES.values()}
+_ALGORITHMS = ("auto", "allgather", "scatter_reduce", "hierarchical")
+_UNSET: Any = object()
+
+Rule = Tuple[str, int, str]
+
+
+class Policy:
+    """What the ``gradzip`` process-group backend compresses: set once, the same
+    on every rank (``init_process_group`` checks that).
+
+    Args:
+        codec: the codec spec for floating tensors of at least ``min_elements``
+            elements (default ``"onebit"``). ``"none"`` compresses nothing.
+        min_elements: tensors with fewer elements stay exact (default 16384,
+            64 KiB of float32: biases, norms and metrics are not compressed).
+        rules: instead of ``codec`` and ``min_elements``: a sequence of
+            ``(dtype, min_elements, codec)``; a tensor takes the first rule
+            whose dtype (``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"*"``)
+            matches and whose ``min_elements`` it reaches, and stays exact when
+            none does (codec ``"none"`` in a rule also keeps it exact).
+        algorithm: the engine's ``"auto"`` (default), ``"allgather"``,
+            ``"scatter_reduce"`` or ``"hierarchical"``.
+        server_codec: the codec scatter_reduce re-encodes chunk sums with
+            (None: the codec's default, fp16 for onebit).
+
+    Raises:
+        ValueError: an unknown algorithm or dtype, a negative threshold,
+            ``rules`` given with ``codec``/``min_elements``; an unknown codec
+            spec raises :class:`gradzip.InvalidArgument` (a ValueError).
+
+    Example::
+
+        Policy("onebit", min_elements=1 << 16)
+        Policy(rules=[("float32", 1 << 20, "onebit"), ("*", 1 << 14, "fp16")])
+    """
+
+    __slots__ = ("rules", "algorithm", "server_codec", "_codecs")
+
+    def __init__(self, codec: Any = _UNSET, *, min_elements: Any = _UNSET, rules: Optional[Sequence[Any]] = None,
+                 algorithm: str = "auto", server_codec: Optional[str] = None) -> None:
+        if rules is not None:
+            if codec is not _UNSET or min_elements is not _UNSET:
+                raise ValueError("give either codec and min_elements or rules, not both")
+            given = list(rules)
+        else:
+            given = [("*", 16384 if min_elements is _UNSET else min_elements, "onebit" if codec is _UNSET else codec)]
+        if algorithm not in _ALGORITHMS:
+            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(_ALGORITHMS)}")
+        self.rules: List[Rule] = [_rule(r) for r in given]
+        self.algorithm = algorithm
+        self.server_codec = None if server_codec is None else Codec(server_codec).spec
+        self._codecs = {spec: Codec(spec) for _, _, spec in self.rules if spec != "none"}
+
+    @classmethod
+    def parse(cls, text: str) -> "Policy":
+        """From ``GRADZIP_POLICY``'s form: ``key=value`` pairs separated by ``;``
+        (keys codec, min_elements, algorithm, server_codec), e.g.
+        ``"codec=topk:density=0.01;min_elements=65536"``."""
+        kwargs: Dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in text.split(";"))):
+            key, sep, value = part.partition("=")
+            key = key.strip()
+            if not sep or key not in ("codec", "min_elements", "algorithm", "server_codec"):
+                raise ValueError(f"GRADZIP_POLICY: cannot read {part!r}; expected key=value with key codec, "
+                                 f"min_elements, algorithm or server_codec, separated by ';'")
+            kwargs[key] = int(value) if key == "min_elements" else value.strip()
+        return cls(**kwargs)
+
+    def codec_for(self, tensor: torch.Tensor) -> Optional[Codec]:
+        """The codec that reduces `tensor`, or None: exact."""
+        name = ENGINE_DTYPES.get(tensor.dtype)
+        if name is None:
+            return None
+        n = tensor.numel()
+        for dtype, least, spec in self.rules:
+            if dtype in ("*", name) and n >= least:
+                return self._codecs.get(spec)  # none: exact
+        return None
+
+    def fields(self) -> List[Tuple[str, str]]:
+        """What the ranks compare."""
+        return [("rules", "; ".join(f"{d} >= {m}: {s}" for d, m, s in self.rules)),
+                ("algorithm", self.algorithm), ("server_codec", str(self.server_codec))]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Policy) and self.fields() == other.fields()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.fields()))
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"rules": self.rules, "algorithm": self.algorithm, "server_codec": self.server_codec}
+
+    def __setstate__(self, d: Dict[str, Any]) -> None:
+        Policy.__init__(self, rules=d["rules"], algorithm=d["algorithm"], server_codec=d["server_codec"])
+
+    def __repr__(self) -> str:
+        return f"Policy(rules={self.rules!r}, algorithm={self.algorithm!r}, server_codec={self.server_codec!r})"
+
+
+def _rule(r: Any) -> Rule:
+    if not isinstance(r, (tuple, list)) or len(r) != 3:
+        raise ValueError(f"a rule is (dtype, min_elements, codec), got {r!r}")
+    dtype, least, spec = r
+    if isinstance(dtype, torch.dtype):
+        dtype = ENGINE_DTYPES.get(dtype, str(dtype))
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"rule {r!r}: dtype must be one of {', '.join(sorted(_DTYPE_NAMES))} (other dtypes always "
+                         f"stay exact)")
+    if not isinstance(least, int) or isinstance(least, bool) or least < 0:
+        raise ValueError(f"rule {r!r}: min_elements must be an integer >= 0")
+    spec = spec.spec if isinstance(spec, Codec) else Codec(spec).spec
+    return (dtype, least, spec)
+
+
+# -- error-feedback states ----------------------------------------------------
+
+Signature = Tuple[str, str, int, str]
+
+
+class _Slot:
+    __slots__ = ("sig", "ef", "addr", "ref", "last")
+
+    def __init__(self, sig: Signature, ef: Any) -> None:
+        self.sig = sig
+        self.ef = ef
+        self.addr: Any = None
+        self.ref: Any = None  # StorageWeakRef of the buffer's storage; None: orphaned (restored)
+        self.last = 0  # call number of its last use
+
+    def orphaned(self) -> bool:
+        return self.ref is None or self.ref.expired()
+
+
+class States:
+    """The error-feedback states of one process group, by the identity rule
+    above. Called on the calling thread, in program order (the same order on
+    every rank)."""
+
+    __slots__ = ("_slots", "_by_addr", "_calls")
+
+    def __init__(self) -> None:
+        self._slots: List[_Slot] = []  # in order of first use
+        self._by_addr: Dict[Any, _Slot] = {}
+        self._calls = 0
+
+    def get(self, tensor: torch.Tensor, codec: Codec) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self._calls += 1
+        sig: Signature = (tensor.device.type, ENGINE_DTYPES[tensor.dtype], tensor.numel(), codec.spec)
+        addr = (tensor.device.type, tensor.device.index, tensor.data_ptr(), sig)
+        slot = self._by_addr.get(addr)
+        if slot is not None and not slot.orphaned():
+            # A new round for this buffer: orphans nobody took over since its last use go.
+            self._drop_orphans(before=slot.last)
+        else:
+            slot = min((s for s in self._slots if s.sig == sig and s.orphaned()),
+                       key=lambda s: s.last, default=None)  # min: the least recently used (first use on ties)
+            if slot is None:
+                from .. import ErrorFeedback
+
+                slot = _Slot(sig, ErrorFeedback())
+                self._slots.append(slot)
+            if self._by_addr.get(slot.addr) is slot:
+                del self._by_addr[slot.addr]
+            slot.addr = addr
+            slot.ref = StorageWeakRef(tensor.untyped_storage())
+            self._by_addr[addr] = slot
+        slot.last = self._calls
+        return slot.ef
+
+    def _drop_orphans(self, before: int) -> None:
+        if any(s.orphaned() and s.last < before for s in self._slots):
+            keep = [s for s in self._slots if not (s.orphaned() and s.last < before)]
+            self._by_addr = {a: s for a, s in self._by_addr.items() if any(s is k for k in keep)}
+            self._slots = keep
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def bytes(self) -> int:
+        return sum(s.ef.bytes for s in self._slots)
+
+    def state_dict(self) -> List[Dict[str, Any]]:
+        return [{"device": s.sig[0], "dtype": s.sig[1], "numel": s.sig[2], "codec": s.sig[3],
+                 "ef": s.ef.state_dict()} for s in self._slots]
+
+    def load_state_dict(self, entries: Sequence[Dict[str, Any]]) -> None:
+        from .. import ErrorFeedback
+
+        slots = []
+        for e in entries:
+            numel = e.get("numel")
+            if (e.get("device") not in ("cpu", "cuda") or e.get("dtype") not in ENGINE_DTYPES.values()
+                    or not isinstance(numel, int) or numel < 0 or not isinstance(e.get("codec"), str)):
+                raise InvalidArgument(f"gradzip backend state_dict: malformed state entry "
+                                      f"{ {k: e.get(k) for k in ('device', 'dtype', 'numel', 'codec')} }")
+            ef = ErrorFeedback()
+            ef.load_state_dict(e["ef"])  # checks its bytes (checksum, limits, finite residuals)
+            slots.append(_Slot((e["device"], e["dtype"], numel, Codec(e["codec"]).spec), ef))
+        self._slots, self._by_addr, self._calls = slots, {}, 0

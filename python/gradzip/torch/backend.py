@@ -1,0 +1,454 @@
+"""gradzip as a torch.distributed backend: ``init_process_group("cpu:gradzip")``.
+
+Every collective of the group is torch's own (gloo for CPU tensors, NCCL for
+CUDA ones), except ``all_reduce`` with SUM or AVG of a floating tensor that
+the group's :class:`Policy` compresses: that one runs gradzip's compressed
+allreduce (the engine of the DDP hook and :class:`gradzip.Communicator`:
+pipelined encode, exchange and decode with error feedback; every rank ends
+with the same bits), over the group's own gloo point-to-point calls (CPU) or
+gradzip's NCCL transport (CUDA). So an unchanged training loop, DDP without a
+hook, or a metrics all_reduce compress with only the init line changed::
+
+    dist.init_process_group("cpu:gradzip,cuda:gradzip")                     # default Policy()
+    dist.init_process_group("cpu:gradzip", pg_options=Policy("topk:density=0.01"))
+
+The backend registers itself when ``gradzip.torch`` is imported, and through
+the ``torch.distributed.backends`` entry point of the installed package, which
+torch loads when it meets the name (so the init line is the only change).
+
+How a call runs (and why):
+- The group is a :class:`torch.distributed.ProcessGroup` whose CPU and CUDA
+  backends are a gloo and an NCCL backend made for it: every collective
+  gradzip does not override goes straight to them, with their semantics,
+  errors and timeouts (broadcast, all_gather, reduce_scatter, all_to_all,
+  send/recv, ..., integer tensors, MAX/MIN/PRODUCT/PREMUL_SUM, tensors below
+  the policy's thresholds, float64).
+- A compressed all_reduce picks its error-feedback state on the calling
+  thread (the identity rule: _backend_policy.py) and queues the reduction
+  on the group's one worker thread, in call order, which is the same on every
+  rank; it returns a :class:`Work` at once. Nothing is started from a
+  future's callback (docs/ARCHITECTURE.md). ``barrier`` first waits for the
+  queued reductions, as gloo's barrier waits for the group's earlier work.
+- Exact all_reduces run on gloo at once, beside queued compressed ones: gloo
+  keeps point-to-point messages (the engine's, under its own tag) apart from
+  its collectives. On CUDA the engine has its own NCCL communicator, so the
+  group's NCCL communicator sees only torch's collectives, in program order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import json
+import logging
+import os
+import threading
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import InvalidArgument, IoError, _core
+from ._backend_policy import ENGINE_DTYPES, Policy, States
+
+__all__ = ["NAME", "Policy", "ProcessGroupGradzip", "Work", "compression_stats", "load_state_dict", "register",
+           "set_default_policy", "state_dict"]
+
+logger = logging.getLogger(__name__)
+
+NAME = "gradzip"
+_STATE_VERSION = 1
+_default_policy: Optional[Policy] = None
+
+
+def register() -> None:
+    """Registers the ``gradzip`` backend with torch.distributed (idempotent).
+    Importing ``gradzip.torch`` does it; so does torch itself through the
+    package's ``torch.distributed.backends`` entry point."""
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def set_default_policy(policy: Optional[Policy]) -> None:
+    """The policy of groups created without ``pg_options`` (None: ``GRADZIP_POLICY``
+    from the environment if set, else ``Policy()``)."""
+    global _default_policy
+    if policy is not None and not isinstance(policy, Policy):
+        raise ValueError(f"set_default_policy takes a gradzip.torch.backend.Policy, got {type(policy).__name__}")
+    _default_policy = policy
+
+
+def _group(group: Any) -> "ProcessGroupGradzip":
+    pg = group if group is not None else dist.group.WORLD
+    if not isinstance(pg, ProcessGroupGradzip):
+        raise ValueError(f"the process group is not a gradzip one (backend {dist.get_backend(pg)!r}); "
+                         f"init_process_group('cpu:gradzip,cuda:gradzip') makes one")
+    return pg
+
+
+def state_dict(group: Any = None) -> Dict[str, Any]:
+    """This rank's backend state (error feedback of every compressed buffer,
+    byte counts) for a checkpoint: save one per rank."""
+    return _group(group).state_dict()
+
+
+def load_state_dict(state: Dict[str, Any], group: Any = None) -> None:
+    """Restores :func:`state_dict`'s output (before the first compressed call)."""
+    _group(group).load_state_dict(state)
+
+
+def compression_stats(group: Any = None) -> Dict[str, Any]:
+    """Counts of this rank's all_reduce calls and bytes (see ProcessGroupGradzip.compression_stats)."""
+    return _group(group).compression_stats()
+
+
+class Work(dist._Work):
+    """The Work of a compressed all_reduce: ``wait(timeout)``, ``is_completed``,
+    ``get_future`` (its value: the reduced tensors, as torch's)."""
+
+    def __init__(self, tensors: List[torch.Tensor]) -> None:
+        super().__init__()
+        self._tensors = tensors
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+        cuda = tensors[0].is_cuda
+        self._fut: torch.futures.Future = torch.futures.Future(devices=[tensors[0].device] if cuda else None)
+        # A future holding an exception object reaches C++ (DDP) as a value it
+        # cannot read; raising inside then() stores a real error instead.
+        self._chained = self._fut.then(lambda f: f.wait())
+
+    def _finish(self, error: Optional[BaseException]) -> None:
+        self._error = error
+        if error is None:
+            self._fut.set_result(self._tensors)
+        else:
+            self._fut.set_exception(error)
+        self._done.set()
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout or 0)
+        if not self._done.wait(seconds if seconds > 0 else None):
+            raise dist.DistBackendError(f"gradzip: a compressed all_reduce did not complete within {seconds:g} s "
+                                        f"(Work.wait timeout)")
+        if self._error is not None:
+            raise self._error
+        if self._tensors[0].is_cuda:
+            self._fut.wait()  # the current stream waits for the reduction's stream
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        return self._chained
+
+    def result(self) -> List[torch.Tensor]:
+        self.wait()
+        return self._tensors
+
+
+class ProcessGroupGradzip(dist.ProcessGroup):
+    """The ``gradzip`` backend's process group (made by ``init_process_group``
+    and ``new_group``; see the module's docstring).
+
+    Beyond torch's ProcessGroup: :attr:`policy`, :meth:`state_dict`,
+    :meth:`load_state_dict`, :meth:`compression_stats`.
+    """
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta, policy: Policy) -> None:
+        super().__init__(store, rank, size)
+        self.policy = policy
+        self._rank, self._size = rank, size
+        self._timeout_s = timeout.total_seconds()
+        self._backends: Dict[str, Any] = {}
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout=timeout)
+        self._register(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size, opts)
+            self._register(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        self._states = States()
+        self._comms: Dict[str, Any] = {}
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pending: List[concurrent.futures.Future] = []
+        self._submit = threading.Lock()  # DDP calls all_reduce from autograd's thread, barrier comes from ours
+        self._streams: Dict[torch.device, Any] = {}
+        self._lock = threading.Lock()  # the byte counts
+        self._stats = _new_stats()
+
+    def _register(self, device: torch.device, kind: Any, backend: Any) -> None:
+        self._register_backend(device, kind, backend)
+        self._backends[device.type] = backend
+
+    # -- torch's ProcessGroup interface ---------------------------------------
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        codec = self._codec_for(tensors, opts)
+        if codec is None:
+            return self._exact_allreduce(tensors, opts)
+        return self._compressed_allreduce(tensors[0], codec, opts)
+
+    def barrier(self, opts: Any = None) -> Any:
+        self._drain()  # as gloo's barrier, after the group's earlier work
+        return self._backends["cpu"].barrier(opts if opts is not None else dist.BarrierOptions())
+
+    def shutdown(self) -> None:
+        self._close()
+        for b in self._backends.values():
+            if hasattr(b, "shutdown"):
+                b.shutdown()
+
+    def abort(self) -> None:
+        for b in self._backends.values():
+            if hasattr(b, "abort"):
+                b.abort()
+
+    # -- gradzip's additions --------------------------------------------------
+
+    def compression_stats(self) -> Dict[str, Any]:
+        """This rank's counts since the group was made (or the restored checkpoint):
+        ``compressed_calls``, ``exact_calls`` (all_reduces kept exact by the
+        policy, SUM/AVG of floating tensors), ``compressed_bytes`` (the dense
+        size of the compressed tensors), ``wire_bytes`` (what the engine sent),
+        ``wire_ratio`` (a ring allreduce's 2(P-1)/P x compressed_bytes over
+        wire_bytes), ``states`` and ``state_bytes`` (error feedback held)."""
+        with self._lock:
+            s = dict(self._stats)
+        p = self._size
+        ring = s["compressed_bytes"] * 2 * (p - 1) / p
+        s["wire_ratio"] = ring / s["wire_bytes"] if s["wire_bytes"] else float("nan")
+        s["states"] = len(self._states)
+        s["state_bytes"] = self._states.bytes()
+        return s
+
+    def state_dict(self) -> Dict[str, Any]:
+        """This rank's error-feedback states, in the order of their first use,
+        and the byte counts (waits for queued reductions first)."""
+        self._drain()
+        with self._submit, self._lock:
+            stats = dict(self._stats)
+            states = self._states.state_dict()
+        return {"version": _STATE_VERSION, "policy": self.policy.fields(), "world_size": self._size,
+                "states": states, "stats": stats}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output, saved on this rank with the same
+        policy and world size. Every state starts orphaned: the first compressed
+        calls take them over in order, by signature (docs/python.md)."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a gradzip backend state_dict (version {_STATE_VERSION})")
+        saved = [tuple(f) for f in state.get("policy", [])]
+        if saved != self.policy.fields():
+            raise ValueError(f"the state_dict was saved under another policy: {saved} (this group: "
+                             f"{self.policy.fields()})")
+        if state.get("world_size") != self._size:
+            raise ValueError(f"the state_dict was saved with world_size={state.get('world_size')!r}, this group "
+                             f"has {self._size}")
+        self._drain()
+        with self._submit, self._lock:
+            self._states.load_state_dict(state["states"])
+            self._stats = _new_stats()
+            self._stats.update({k: v for k, v in state.get("stats", {}).items() if k in self._stats})
+
+    # -- internals --------------------------------------------------------------
+
+    def _codec_for(self, tensors: List[torch.Tensor], opts: Any) -> Any:
+        if len(tensors) != 1 or self._size == 1:
+            return None
+        op = getattr(opts.reduceOp, "op", opts.reduceOp)
+        t = tensors[0]
+        if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) or t.dtype not in ENGINE_DTYPES:
+            return None
+        if not t.is_contiguous() or t.device.type not in ("cpu", "cuda"):
+            return None
+        codec = self.policy.codec_for(t)
+        if codec is not None and t.is_cuda and not _core.BUILD.get("nccl"):
+            _warn_once("gradzip backend: this build has no NCCL transport; CUDA all_reduces stay exact (NCCL)")
+            return None
+        return codec
+
+    def _exact_allreduce(self, tensors: List[torch.Tensor], opts: Any) -> Any:
+        if not tensors:
+            return self._backends["cpu"].allreduce(tensors, opts)
+        backend = self._backends.get(tensors[0].device.type)
+        if backend is None:
+            raise RuntimeError(f"gradzip backend: no backend for {tensors[0].device.type} tensors")
+        op = getattr(opts.reduceOp, "op", opts.reduceOp)
+        floating = tensors[0].is_floating_point()
+        if floating and len(tensors) == 1 and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            with self._lock:
+                self._stats["exact_calls"] += 1
+        if op == dist.ReduceOp.AVG and tensors[0].device.type == "cpu" and floating:
+            # gloo has no AVG: a SUM, then the division, as the engine's "avg".
+            sum_opts = dist.AllreduceOptions()
+            sum_opts.reduceOp = dist.ReduceOp.SUM
+            sum_opts.timeout = opts.timeout
+            work = backend.allreduce(tensors, sum_opts)
+            size = self._size
+
+            def divide(f: Any) -> Any:
+                for t in tensors:
+                    t.div_(size)
+                return f.value()
+
+            return torch._C._distributed_c10d._create_work_from_future(work.get_future().then(divide))
+        return backend.allreduce(tensors, opts)
+
+    def _compressed_allreduce(self, t: torch.Tensor, codec: Any, opts: Any) -> Work:
+        with self._submit:
+            return self._submit_compressed(t, codec, opts)
+
+    def _submit_compressed(self, t: torch.Tensor, codec: Any, opts: Any) -> Work:
+        op = "avg" if getattr(opts.reduceOp, "op", opts.reduceOp) == dist.ReduceOp.AVG else "sum"
+        kind = t.device.type
+        comm = self._comms.get(kind)
+        if comm is None:  # the first compressed call on this device type: every rank makes it here
+            comm = self._comms[kind] = self._connect(kind)
+        ef = self._states.get(t, codec)
+        policy = self.policy
+        work = Work([t])
+        ready = None
+        if t.is_cuda:  # the engine's stream waits for what the caller's stream computed so far
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(t.device))
+        nbytes = t.numel() * t.element_size()
+
+        def run() -> None:
+            stats = comm.allreduce(t, codec, ef, op=op, algorithm=policy.algorithm,
+                                   server_codec=policy.server_codec)
+            with self._lock:  # counted before the Work completes: whoever waited sees it
+                s = self._stats
+                s["compressed_calls"] += 1
+                s["compressed_bytes"] += nbytes
+                s["wire_bytes"] += stats["wire_bytes"]
+            work._finish(None)  # on CUDA, inside the engine's stream: the future records it
+
+        def job() -> None:
+            try:
+                if ready is None:
+                    run()
+                    return
+                stream = self._streams.get(t.device)
+                if stream is None:
+                    stream = self._streams[t.device] = torch.cuda.Stream(t.device)
+                stream.wait_event(ready)
+                with torch.cuda.stream(stream):
+                    run()
+            except BaseException as e:  # the Work raises it from wait(), typed (gradzip.IoError ...)
+                work._finish(e)
+
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradzip-pg")
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._pool.submit(job))
+        return work
+
+    def _connect(self, kind: str) -> Any:
+        import gradzip
+
+        if not gradzip.BUILD["comm"]:
+            raise ValueError("this gradzip build has no communicator (comm/), which the backend's compressed "
+                             "all_reduce runs in")
+        # CPU: the engine's exchanges are this group's gloo point-to-point
+        # calls (tagged). CUDA: gradzip's own NCCL communicator, so that the
+        # group's NCCL communicator only sees torch's calls in program order.
+        transport = "torch" if kind == "cpu" else "nccl"
+        return gradzip.Communicator.from_torch(self, transport=transport, timeout=self._timeout_s)
+
+    def _drain(self) -> None:
+        with self._submit:
+            pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()  # jobs never raise: errors go to their Work
+
+    def _close(self) -> None:
+        if self._pool is not None:
+            self._drain()
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for comm in self._comms.values():
+            try:
+                comm.close()
+            except Exception:  # a broken communicator: nothing left to release
+                pass
+        self._comms.clear()
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupGradzip(rank={self._rank}, size={self._size}, policy={self.policy!r})"
+
+
+def _new_stats() -> Dict[str, Any]:
+    return {"compressed_calls": 0, "exact_calls": 0, "compressed_bytes": 0, "wire_bytes": 0}
+
+
+_warned: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        logger.warning(msg)
+
+
+def _policy_of(backend_options: Any) -> Policy:
+    if isinstance(backend_options, Policy):
+        return backend_options
+    if backend_options is not None:
+        raise ValueError(f"the gradzip backend takes a gradzip.torch.backend.Policy as pg_options, got "
+                         f"{type(backend_options).__name__}")
+    if _default_policy is not None:
+        return _default_policy
+    text = os.environ.get("GRADZIP_POLICY")
+    return Policy.parse(text) if text else Policy()
+
+
+def _create(opts: Any, backend_options: Any) -> ProcessGroupGradzip:
+    """torch's factory call (extended API), on every rank of a new group."""
+    policy = _policy_of(backend_options)
+    _agree(opts.store, opts.group_rank, opts.group_size, policy, opts.timeout)
+    pg = ProcessGroupGradzip(opts.store, opts.group_rank, opts.group_size, opts.timeout, policy)
+    logger.info("gradzip backend: rank %d of %d, %r", opts.group_rank, opts.group_size, policy)
+    return pg
+
+
+def _agree(store: Any, rank: int, size: int, policy: Policy, timeout: datetime.timedelta) -> None:
+    """Every rank publishes its policy in the new group's store and compares
+    the others' with its own: ranks that would compress different calls would
+    hang (one in gloo's allreduce, the other in the engine's exchange), so a
+    mismatch raises the same InvalidArgument on every rank here, in
+    init_process_group."""
+    if size == 1:
+        return
+    mine = policy.fields()
+    store.set(f"gradzip-policy/{rank}", json.dumps(mine))
+    others = [f"gradzip-policy/{r}" for r in range(size) if r != rank]
+    try:
+        store.wait(others, timeout)
+    except Exception as e:  # torch raises its own store errors on timeout
+        raise IoError(f"rank {rank}: the gradzip backend's ranks did not all publish their policy within "
+                      f"{timeout.total_seconds():g} s: {e}") from None
+    everyone = []
+    for r in range(size):
+        if r == rank:
+            everyone.append(mine)
+            continue
+        try:
+            everyone.append([(str(k), str(v)) for k, v in json.loads(store.get(f"gradzip-policy/{r}"))])
+        except (ValueError, TypeError) as e:
+            raise IoError(f"rank {rank}: the policy rank {r} published is malformed: {e}") from None
+    report = _core._describe_disagreement(everyone)
+    if report:
+        raise InvalidArgument("gradzip backend: the ranks' policies differ (give init_process_group the same "
+                              "Policy, or the same GRADZIP_POLICY, on every rank):" + report)
