@@ -12,9 +12,14 @@ compressed exchange every step is too slow, :class:`BlockMomentum` exchanges
 a compressed model update once every H local steps. For FSDP2
 (``fully_shard``) models, :mod:`gradzip.torch.fsdp` compresses the gradient
 reduce-scatter (``gradzip.torch.fsdp.register(model, codec="onebit")``).
+For adaptive optimizers at high ratios, :class:`CompressedAdamW` (and
+:class:`CompressedSGD`) exchange the compressed *momentum* after a
+full-precision stage (the 1-bit Adam / 0/1 Adam family) instead of the
+gradient.
 """
 
 from .bmuf import BlockMomentum
+from .compressed_momentum import CompressedAdamW, CompressedSGD
 from .hook import CompressionState, compression_hook
 
-__all__ = ["BlockMomentum", "CompressionState", "compression_hook"]
+__all__ = ["BlockMomentum", "CompressedAdamW", "CompressedSGD", "CompressionState", "compression_hook"]
