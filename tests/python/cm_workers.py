@@ -57,9 +57,11 @@ def local_grads(model: torch.nn.Module, rank: int, step: int) -> torch.Tensor:
     return torch.stack(everyone).double()
 
 
-def reference_adamw(rank: int, steps: int, warmup: int, lr: float, betas: Any, eps: float, wd: float) -> torch.Tensor:
-    """AdamW for `warmup` steps on averaged gradients, then frozen variance and
-    the momentum averaged over ranks (exactly: codec none), in float64."""
+def reference_adamw(rank: int, steps: int, warmup: int, lr: float, betas: Any, eps: float, wd: float,
+                    refresh: Any = ()) -> torch.Tensor:
+    """AdamW for `warmup` steps (and at the `refresh` steps) on averaged
+    gradients, otherwise frozen variance and the momentum averaged over ranks
+    (exactly: codec none), in float64."""
     model = make_model(0)
     p = flat(model).double()
     m, v = torch.zeros_like(p), torch.zeros_like(p)
@@ -68,12 +70,12 @@ def reference_adamw(rank: int, steps: int, warmup: int, lr: float, betas: Any, e
     for t in range(1, steps + 1):
         torch.nn.utils.vector_to_parameters(p.float(), model.parameters())
         gs = local_grads(model, rank, t)
-        if t <= warmup:
+        if t <= warmup or t in refresh:
             g = gs.mean(0)
             m = b1 * m + (1 - b1) * g
             v = b2 * v + (1 - b2) * g * g
             d = (v / (1 - b2 ** t)).sqrt() + eps
-            if t == warmup:
+            if t >= warmup:
                 denom = d
         else:
             m = (b1 * m + (1 - b1) * gs).mean(0)  # each rank's momentum, averaged
@@ -127,6 +129,16 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
     # (the test can tell the stages apart).
     ref_nofreeze = reference_adamw(rank, 10, 10, lr, betas, eps, wd)
     out["adamw_none/err_vs_unfrozen"] = float((got["params"].double() - ref_nofreeze).abs().max())
+
+    # Variance refreshes at 0/1 Adam's doubling intervals: R=2 after a
+    # warm-up of 3 is steps 5 and 9.
+    got = train(lambda ps: CompressedAdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, codec="none",
+                                           warmup_codec=None, min_warmup_steps=3, max_warmup_steps=3,
+                                           variance_refresh=2), rank, 10, ddp=True)
+    ref = reference_adamw(rank, 10, 3, lr, betas, eps, wd, refresh=(5, 9))
+    out["adamw_refresh/err"] = float((got["params"].double() - ref).abs().max())
+    ref = reference_adamw(rank, 10, 3, lr, betas, eps, wd)
+    out["adamw_refresh/err_vs_none"] = float((got["params"].double() - ref).abs().max())
 
     # Full precision only = torch.optim.AdamW on DDP.
     got = train(lambda ps: CompressedAdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, codec="onebit",

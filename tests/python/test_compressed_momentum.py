@@ -34,6 +34,12 @@ def test_adamw_math_equals_the_reference_with_codec_none(three_ranks):
         assert r["adamw_none/err_vs_unfrozen"] > 100 * max(r["adamw_none/err"], 1e-8)
 
 
+def test_variance_refreshes_at_doubling_intervals(three_ranks):
+    for r in three_ranks:
+        assert r["adamw_refresh/err"] < 1e-6, r["adamw_refresh/err"]
+        assert r["adamw_refresh/err_vs_none"] > 100 * max(r["adamw_refresh/err"], 1e-8)
+
+
 def test_full_precision_stage_is_torch_adamw(three_ranks):
     for r in three_ranks:
         assert r["adamw_warmup_vs_torch/err"] < 1e-6

@@ -23,7 +23,8 @@ Methods (compared with fp32):
     <spec>@cm[:k=v,...]      compressed momentum (gradzip.torch.CompressedAdamW: the 1-bit
                              Adam / 0/1 Adam family): options warmup=N (max full-precision
                              steps), min=N, tol=X (the variance criterion), server=<spec>,
-                             wcodec=<spec> (the warm-up's gradient codec; none: fp32)
+                             wcodec=<spec> (the warm-up's gradient codec; none: fp32),
+                             refresh=R (variance refreshes R, 3R, 7R, ... steps after)
     <spec>@bmuf:h=H[,...]    no DDP: block momentum (gradzip.torch.BlockMomentum) around
                              AdamW, options as in the digits experiment (mu, lr, nesterov, ...)
 
@@ -277,6 +278,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
             kw["min_warmup_steps"] = int(opts["min"])
         if "wcodec" in opts:
             kw["warmup_codec"] = opts["wcodec"]
+        if "refresh" in opts:
+            kw["variance_refresh"] = int(opts["refresh"])
         if "tol" in opts:
             kw["variance_tolerance"] = float(opts["tol"])
         if "server" in opts:
@@ -514,13 +517,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     ap.add_argument("--steps", type=int, default=Settings.steps)
     ap.add_argument("--batch", type=int, default=Settings.batch_per_rank, help="sequences per rank per step")
+    ap.add_argument("--width", type=int, default=Settings.width, help="model width (64: 0.21M parameters)")
+    ap.add_argument("--layers", type=int, default=Settings.layers)
     ap.add_argument("--eval-every", type=int, default=Settings.eval_every)
     ap.add_argument("--json", help="write the per-run results (with curves) and the summary here")
     ap.add_argument("--markdown", help="write the table here")
     ap.add_argument("--plot", help="write the validation-loss curves here (PNG; needs matplotlib)")
     ap.add_argument("--timeout", type=float, default=3600.0)
     args = ap.parse_args(argv)
-    settings = Settings(steps=args.steps, batch_per_rank=args.batch, eval_every=args.eval_every)
+    settings = Settings(steps=args.steps, batch_per_rank=args.batch, eval_every=args.eval_every, width=args.width,
+                        layers=args.layers)
     seeds = [int(s) for s in args.seeds.split(",")]
     results = run(split_methods(args.methods), seeds, args.ranks, settings, args.timeout)
     rows = summarize(results)

@@ -164,7 +164,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
                 self._g[lo:hi].copy_(p.grad.reshape(-1))
         self._step += 1
         p_ranks = max(self._world, 1)
-        if not self.compressing:
+        if self._full_precision_at(self._step):
             if self.warmup_codec is not None:
                 self._stats["dense_wire_bytes"] += self._exchange(self._g, self.warmup_codec, self._warmup_ef)
             else:
@@ -173,8 +173,10 @@ class _CompressedMomentum(torch.optim.Optimizer):
                     self._g.mul_(1.0 / p_ranks)
                 self._stats["dense_wire_bytes"] += 4.0 * self._n * 2 * (p_ranks - 1) / p_ranks
             self._full_precision_step(self._g)
-            if self._should_freeze():
+            if not self.compressing and self._should_freeze():
                 self._freeze()
+            elif self.compressing:
+                self._refreshed()
         else:
             self._compressed_step(self._g)
         return loss
@@ -230,6 +232,14 @@ class _CompressedMomentum(torch.optim.Optimizer):
         self._stats = dict(state["stats"])
 
     # -- the stages -------------------------------------------------------------
+
+    def _full_precision_at(self, step: int) -> bool:
+        """Whether `step` (1-based) averages the gradient uncompressed (or
+        with the warm-up codec): the warm-up, and the variance refreshes."""
+        return not self.compressing
+
+    def _refreshed(self) -> None:
+        """After a full-precision step in the compressed stage."""
 
     def _full_precision_step(self, g: torch.Tensor) -> None:
         raise NotImplementedError
@@ -360,8 +370,8 @@ class CompressedAdamW(_CompressedMomentum):
                  eps: float = 1e-8, weight_decay: float = 0.01, *, codec: Union[str, Codec] = "onebit",
                  server_codec: Optional[str] = None, warmup_codec: Optional[str] = "fp8",
                  min_warmup_steps: int = 50, max_warmup_steps: int = 400,
-                 variance_tolerance: float = 0.05, check_every: int = 10, process_group: Any = None,
-                 transport: str = "torch", bucket_elements: int = 1 << 24) -> None:
+                 variance_tolerance: float = 0.05, check_every: int = 10, variance_refresh: int = 0,
+                 process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24) -> None:
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {betas!r}")
         for name, v in (("min_warmup_steps", min_warmup_steps), ("max_warmup_steps", max_warmup_steps),
@@ -379,6 +389,9 @@ class CompressedAdamW(_CompressedMomentum):
         self.max_warmup_steps = max_warmup_steps
         self.variance_tolerance = float(variance_tolerance)
         self.check_every = check_every
+        if not isinstance(variance_refresh, int) or isinstance(variance_refresh, bool) or variance_refresh < 0:
+            raise ValueError(f"variance_refresh must be an integer >= 0, got {variance_refresh!r}")
+        self.variance_refresh = variance_refresh
         self._v = torch.zeros_like(self._m)
         self._denom = torch.empty(0, device=self._m.device)  # frozen sqrt(v / bc2) + eps
         self._snapshot = torch.empty(0, device=self._m.device)  # v / bc2 at the last check
@@ -420,6 +433,22 @@ class CompressedAdamW(_CompressedMomentum):
             torch.div(self._v[lo:hi], 1.0 - b2 ** self._step, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
         self._snapshot = torch.empty(0, device=self._m.device)
         super()._freeze()
+
+    def _full_precision_at(self, step: int) -> bool:
+        """The warm-up; then, with variance_refresh R, the steps R, 3R, 7R,
+        15R, ... after the freeze (0/1 Adam's doubling intervals): one
+        full-precision step each, which updates the variance and refreezes it."""
+        if not self.compressing:
+            return True
+        if not self.variance_refresh:
+            return False
+        k = (step - self._frozen_at) // self.variance_refresh + 1
+        return (step - self._frozen_at) % self.variance_refresh == 0 and k & (k - 1) == 0
+
+    def _refreshed(self) -> None:
+        _, b2 = self._betas()
+        for grp, lo, hi in self._groups():
+            torch.div(self._v[lo:hi], 1.0 - b2 ** self._step, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
 
     def _compressed_step(self, g: torch.Tensor) -> None:
         b1, _ = self._betas()
@@ -510,7 +539,7 @@ def _ddp_hook(opt: _CompressedMomentum, bucket: dist.GradBucket) -> torch.future
     """register_ddp's hook: DDP's own averaging while the optimizer is in full
     precision; the local gradient, untouched, afterwards."""
     buffer = bucket.buffer()
-    if opt.compressing or opt._world <= 1 or not opt._ddp_averages:
+    if not opt._full_precision_at(opt._step + 1) or opt._world <= 1 or not opt._ddp_averages:
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(buffer)
         return fut
