@@ -154,6 +154,7 @@ def against_reference(rank: int, world: int, steps: List[int], codec: str = "non
         out["global"].append(bool(np.array_equal(global_of(opt), ref.w)))
     out["moved"] = bool(np.abs(ref.w - flat(make_model(seed=0))).max() > 1e-3)
     out["stats"] = opt.compression_stats()
+    out["block_momentum"] = opt.block_momentum
     opt.close()
     return out
 

@@ -80,7 +80,12 @@ class BlockMomentum:
             fall by H x the codec's ratio.
         codec: gradzip spec (``"onebit"``, ``"topk:density=0.01"``, ``"none"``,
             ...) or a :class:`gradzip.Codec`. Default ``"onebit"``.
-        block_momentum: mu in [0, 1). Default 1 - 1/P (the paper's).
+        block_momentum: mu in [0, 1), or None for the paper's 1 - 1/P.
+            Default 0.5: the paper's value assumes a local optimizer tuned
+            for one rank and lost 8-25 points on digits with a DDP-tuned SGD
+            (docs/python.md); on the LM experiment with AdamW inside, 0.5
+            beat both 0.75 (issue 22) and DiLoCo's 0.9 with block_lr 0.7
+            (BENCHMARKS.md, issue 22 section).
         block_lr: zeta > 0. Default 1 (the paper's).
         nesterov: start each block from the look-ahead (BMUF-NBM). Default True.
         overlap: start each block's exchange in the background and go on
@@ -178,7 +183,7 @@ class BlockMomentum:
         block_steps: int = 16,
         *,
         codec: Union[str, Codec] = "onebit",
-        block_momentum: Optional[float] = None,
+        block_momentum: Optional[float] = 0.5,
         block_lr: float = 1.0,
         nesterov: bool = True,
         overlap: bool = False,
