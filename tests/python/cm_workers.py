@@ -18,6 +18,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradzip
 from gradzip.torch import CompressedAdamW, CompressedSGD
 
+LOSSY = ("onebit", "topk:density=0.1")
+
 
 def make_model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
@@ -159,7 +161,7 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
     out["sgd_none/err"] = float((got["params"].double() - reference_sgd(rank, 8, 0.05, 0.8, 0.01)).abs().max())
 
     # 2. Lossy codecs: ranks identical after every step, the bytes of the two-phase path.
-    for spec in ("onebit", "topk:density=0.1", "qsgd:bits=4"):
+    for spec in LOSSY:
         got = train(lambda ps: CompressedAdamW(ps, lr=lr, codec=spec, min_warmup_steps=2, max_warmup_steps=2),
                     rank, 5, ddp=True, make=make_big_model)
         n = got["params"].numel()

@@ -17,7 +17,7 @@ from gradzip.torch import CompressedAdamW, CompressedSGD
 
 pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"], reason="this gradzip build has no communicator")
 
-LOSSY = ("onebit", "topk:density=0.1", "qsgd:bits=4")
+LOSSY = cm_workers.LOSSY
 
 
 @pytest.fixture(scope="module")
