@@ -350,7 +350,7 @@ class CompressedAdamW(_CompressedMomentum):
             (server-side error feedback); default: the codec itself.
         warmup_codec: how the full-precision stage averages the gradient:
             a gradzip spec, sent two-phase with error feedback (default
-            ``"fp8"``: 4x fewer bytes than fp32 at no measured cost), or None
+            ``"fp8"``: 4x fewer bytes than fp32), or None
             for fp32 (DDP's allreduce through :meth:`register_ddp`'s hook).
         min_warmup_steps, max_warmup_steps: bounds of the full-precision
             stage (defaults 20 and 100: its bytes count against the whole
