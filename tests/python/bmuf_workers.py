@@ -154,6 +154,7 @@ def against_reference(rank: int, world: int, steps: List[int], codec: str = "non
         out["global"].append(bool(np.array_equal(global_of(opt), ref.w)))
     out["moved"] = bool(np.abs(ref.w - flat(make_model(seed=0))).max() > 1e-3)
     out["stats"] = opt.compression_stats()
+    out["block_momentum"] = opt.block_momentum
     opt.close()
     return out
 
@@ -432,6 +433,10 @@ def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
         out[f"ref/nesterov={nesterov}"] = against_reference(
             rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9, nesterov=nesterov, bucket_elements=20, **t)
     out["ref/defaults"] = against_reference(rank, world, [4, 4], **t)
+    model = make_model(0)
+    adaptive = BlockMomentum(model, torch.optim.AdamW(model.parameters()), **t)
+    out["auto/adamw"] = adaptive.block_momentum
+    adaptive.close()
     out["ref/overlap"] = against_reference(rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9,
                                            overlap=True, bucket_elements=20, **t)
     out["misuse"] = misuse(rank, world, transport)

@@ -16,12 +16,18 @@ Importing this package also registers the ``gradzip`` process-group backend
 (:mod:`gradzip.torch.backend`): ``init_process_group("cpu:gradzip,cuda:gradzip")``
 compresses the group's all_reduce calls and leaves every other collective to
 gloo and NCCL.
+
+For adaptive optimizers at high ratios, :class:`CompressedAdamW` (and
+:class:`CompressedSGD`) exchange the compressed *momentum* after a
+full-precision stage (the 1-bit Adam / 0/1 Adam family) instead of the
+gradient.
 """
 
 from . import backend
 from .bmuf import BlockMomentum
+from .compressed_momentum import CompressedAdamW, CompressedSGD
 from .hook import CompressionState, compression_hook
 
 backend.register()
 
-__all__ = ["BlockMomentum", "CompressionState", "compression_hook"]
+__all__ = ["BlockMomentum", "CompressedAdamW", "CompressedSGD", "CompressionState", "compression_hook"]

@@ -20,7 +20,7 @@ from typing import Any, List
 
 import torch
 
-from . import _layout
+from . import _filters, _layout
 
 
 class Worker:
@@ -62,6 +62,7 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -
     comm, codec, algorithm, worker = state._comm, state.codec, state.algorithm, state._worker
     server_codec = state.server_codec
     parts: List[Any] = list(plan.parts)
+    splits = [state._split(seg) for seg, _ in parts]
 
     def job() -> None:
         try:
@@ -72,14 +73,21 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -
             else:
                 ctx = contextlib.nullcontext()
             with ctx:
-                sent = 0
-                for (seg, _), x in zip(parts, inputs):
-                    stats = comm.allreduce(x, codec, seg.ef, op="avg", algorithm=algorithm,
-                                           server_codec=server_codec)
-                    sent += stats["wire_bytes"]  # every byte sent, node-local included
+                sent = exact = 0.0
+                for (seg, _), x, split in zip(parts, inputs, splits):
+                    if split is None:
+                        stats = comm.allreduce(x, codec, seg.ef, op="avg", algorithm=algorithm,
+                                               server_codec=server_codec)
+                        sent += stats["wire_bytes"]  # every byte sent, node-local included
+                    else:  # layer filters: the exact parameters apart (_filters.py)
+                        both, alone = _filters.allreduce(comm, codec, seg, split, x, algorithm, server_codec)
+                        sent += both
+                        exact += alone
                 plan.scatter(inputs, buffer)
                 with worker.lock:
-                    state._count(buffer.numel() * buffer.element_size(), _payload_bytes(codec, parts), sent)
+                    state._count(buffer.numel() * buffer.element_size(),
+                                 _payload_bytes(codec, parts, splits, buffer.element_size()), sent)
+                    state._stats["exact_wire_bytes"] = state._stats.get("exact_wire_bytes", 0.0) + exact
                 fut.set_result(buffer)
         except BaseException as e:  # the future carries it to DDP, and finish_step to the last hook call
             fut.set_exception(e)
@@ -100,5 +108,12 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -
     return fut.then(lambda f: f.wait())
 
 
-def _payload_bytes(codec: Any, parts: List[Any]) -> int:
-    return sum(codec.max_payload_bytes(seg.n) for seg, _ in parts)
+def _payload_bytes(codec: Any, parts: List[Any], splits: List[Any], element_size: int) -> int:
+    total = 0
+    for (seg, _), split in zip(parts, splits):
+        if split is None:
+            total += codec.max_payload_bytes(seg.n)
+        else:
+            total += split.n_exact * element_size
+            total += codec.max_payload_bytes(split.n_compressed) if split.n_compressed else 0
+    return total

@@ -24,6 +24,9 @@ __all__ = ["BlockMomentum"]
 logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
+# block_momentum="auto": measured (issue 22; docs/python.md, "Defaults and the local optimizer").
+_AUTO_ADAPTIVE = 0.0  # Adam-family local optimizers (the LM experiment)
+_AUTO_OTHER = 0.5     # SGD tuned for DDP (digits)
 _ALGORITHMS = ("auto", "allgather", "scatter_reduce")
 
 
@@ -80,7 +83,14 @@ class BlockMomentum:
             fall by H x the codec's ratio.
         codec: gradzip spec (``"onebit"``, ``"topk:density=0.01"``, ``"none"``,
             ...) or a :class:`gradzip.Codec`. Default ``"onebit"``.
-        block_momentum: mu in [0, 1). Default 1 - 1/P (the paper's).
+        block_momentum: mu in [0, 1); None for the paper's 1 - 1/P; or
+            ``"auto"`` (default): 0 when the local optimizer is adaptive
+            (its defaults have ``betas``: Adam, AdamW, ...), else 0.5. The
+            paper's value assumes a local optimizer tuned for one rank and
+            lost 8-25 points on digits with a DDP-tuned SGD, where 0.5 held
+            (docs/python.md); on the LM experiment with AdamW inside, onebit
+            at H = 8 ended +5.1% at mu 0, +18.8% at 0.5 and +32.6% with
+            DiLoCo's 0.9 and block_lr 0.7 (BENCHMARKS.md section 11).
         block_lr: zeta > 0. Default 1 (the paper's).
         nesterov: start each block from the look-ahead (BMUF-NBM). Default True.
         overlap: start each block's exchange in the background and go on
@@ -178,7 +188,7 @@ class BlockMomentum:
         block_steps: int = 16,
         *,
         codec: Union[str, Codec] = "onebit",
-        block_momentum: Optional[float] = None,
+        block_momentum: Union[float, str, None] = "auto",
         block_lr: float = 1.0,
         nesterov: bool = True,
         overlap: bool = False,
@@ -194,8 +204,11 @@ class BlockMomentum:
         for name, flag in (("nesterov", nesterov), ("overlap", overlap)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if isinstance(block_momentum, str) and block_momentum == "auto":
+            block_momentum = _AUTO_ADAPTIVE if "betas" in getattr(local_optimizer, "defaults", {}) else _AUTO_OTHER
         if block_momentum is not None and not (_is_real(block_momentum) and 0.0 <= block_momentum < 1.0):
-            raise ValueError(f"block_momentum must be in [0, 1) (or None for 1 - 1/P), got {block_momentum!r}")
+            raise ValueError(f"block_momentum must be in [0, 1) (or None for 1 - 1/P, or 'auto'), got "
+                             f"{block_momentum!r}")
         if not (_is_real(block_lr) and 0.0 < block_lr < math.inf):
             raise ValueError(f"block_lr must be a finite number > 0, got {block_lr!r}")
         if algorithm not in _ALGORITHMS:

@@ -62,6 +62,11 @@ class CompressionState:
             itself otherwise. Error feedback follows ``codec``.
         communicator: with ``transport="gradzip"``, the communicator to use; by
             default one is made for this state at its first compressed bucket.
+        exact_below: the layer filter (CGX's): parameters with at most one
+            dimension (biases, norm weights) or fewer than this many elements
+            are averaged exact (fp32), apart from the codec's part, whose block
+            scales then never span them. None: no filter (every parameter
+            through the codec).
 
     Raises:
         ValueError: an unknown codec spec, transport or algorithm, a negative
@@ -80,6 +85,7 @@ class CompressionState:
         "transport",
         "algorithm",
         "server_codec",
+        "exact_below",
         # Internal state.
         "_world_size",  # 0 until the first hook call binds the state
         "_saved_world",  # world size of a state_dict loaded before binding
@@ -89,6 +95,7 @@ class CompressionState:
         "_comm",
         "_worker",
         "_agreed",
+        "_splits",  # layer filters: id(segment) -> (segment, _filters.Split or None)
         # Statistics (totals since construction or the restored checkpoint).
         "_stats",
     )
@@ -102,7 +109,11 @@ class CompressionState:
         algorithm: str = "auto",
         communicator: Any = None,
         server_codec: Optional[str] = None,
+        exact_below: Optional[int] = None,
     ) -> None:
+        if exact_below is not None and (not isinstance(exact_below, int) or isinstance(exact_below, bool)
+                                        or exact_below < 0):
+            raise ValueError(f"exact_below must be None (no layer filter) or an integer >= 0, got {exact_below!r}")
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         _transports.check(transport, communicator)
@@ -116,6 +127,8 @@ class CompressionState:
         self.algorithm = algorithm
         # Canonical, so that ranks compare equal and a bad spec fails here.
         self.server_codec = None if server_codec is None else Codec(server_codec).spec
+        self.exact_below = None if self.codec.name == "none" else exact_below  # none: nothing to protect
+        self._splits: Dict[int, Any] = {}
         self._world_size = 0
         self._saved_world: Optional[int] = None
         # The none codec over torch's group: DDP's own allreduce, bit for bit.
@@ -147,6 +160,10 @@ class CompressionState:
                 the dense bucket).
             ratio: dense / payload bytes.
             wire_ratio: what a plain ring allreduce of the bucket would send / wire bytes.
+            uncompressed_steps: warm-up steps (the whole gradient sent uncompressed).
+            uncompressed_bytes_per_step: the part of wire_bytes_per_step sent
+                uncompressed: warm-up steps, and the parameters the layer
+                filter keeps exact (``exact_below``). Both are in wire_ratio.
         """
         s = self._stats
         steps = max(s["steps"], 1)
@@ -159,6 +176,9 @@ class CompressionState:
             "wire_bytes_per_step": s["wire_bytes"] / steps,
             "ratio": s["dense_bytes"] / s["payload_bytes"] if s["payload_bytes"] else float("nan"),
             "wire_ratio": fp32_wire / s["wire_bytes"] if s["wire_bytes"] else float("nan"),
+            "uncompressed_steps": s.get("uncompressed_steps", 0),
+            "uncompressed_bytes_per_step": (s.get("uncompressed_wire_bytes", 0.0)
+                                            + s.get("exact_wire_bytes", 0.0)) / steps,
         }
 
     def state_dict(self) -> Dict[str, Any]:
@@ -223,11 +243,13 @@ class CompressionState:
             raise TypeError("a CompressionState with an explicit process_group cannot be pickled (a process "
                             "group cannot be); use the default group, or build the state in each rank")
         return {"codec": self.codec.spec, "warmup_steps": self.warmup_steps, "transport": self.transport,
-                "algorithm": self.algorithm, "server_codec": self.server_codec, "state": self.state_dict()}
+                "algorithm": self.algorithm, "server_codec": self.server_codec, "exact_below": self.exact_below,
+                "state": self.state_dict()}
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__init__(codec=d["codec"], warmup_steps=d["warmup_steps"],  # type: ignore[misc]
-                      transport=d["transport"], algorithm=d["algorithm"], server_codec=d.get("server_codec"))
+                      transport=d["transport"], algorithm=d["algorithm"], server_codec=d.get("server_codec"),
+                      exact_below=d.get("exact_below"))
         self.load_state_dict(d["state"])
 
     # -- internals ------------------------------------------------------------
@@ -266,6 +288,17 @@ class CompressionState:
             log("gradzip DDP hook: DDP changed its buckets; the error feedback of the affected buckets "
                 "restarts from zero")
         return self._new_ef()
+
+    def _split(self, seg: Any) -> Any:
+        """The layer filter's split of a segment (None: compressed whole); cached."""
+        if self.exact_below is None:
+            return None
+        cached = self._splits.get(id(seg))
+        if cached is None or cached[0] is not seg:
+            from . import _filters
+
+            cached = self._splits[id(seg)] = (seg, _filters.split_of(seg, self._tracker.shapes(), self.exact_below))
+        return cached[1]
 
     def _count(self, dense: int, payload: int, wire: float) -> None:
         s = self._stats
@@ -337,6 +370,8 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
             state._connect()
         fut = _worker.exchange(state, plan, buffer, bucket.is_last())
     if bucket.is_last():
+        if state._step < state.warmup_steps and not state._dense:
+            state._stats["uncompressed_steps"] = state._stats.get("uncompressed_steps", 0) + 1
         state._tracker.end_step()
         state._step += 1
         state._stats["steps"] += 1
@@ -348,6 +383,9 @@ def _allreduce_dense(state: CompressionState, buffer: torch.Tensor) -> torch.fut
     p = state._world_size
     nbytes = buffer.numel() * buffer.element_size()
     state._count(nbytes, nbytes, nbytes * 2 * (p - 1) / p)
+    if not state._dense:
+        state._stats["uncompressed_wire_bytes"] = state._stats.get("uncompressed_wire_bytes", 0.0) + \
+            nbytes * 2 * (p - 1) / p
     buffer.mul_(1.0 / p)
     fut = dist.all_reduce(buffer, group=state.process_group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])

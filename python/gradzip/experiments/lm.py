@@ -1,0 +1,547 @@
+"""Training quality at high compression on a transformer: a small GPT-style
+character-level language model, trained with AdamW on real text, on several
+CPU ranks over gloo. Every method starts from the same weights and sees the
+same batches; what differs is how the ranks exchange what they learned. The
+measure is the validation loss (nats per character) of the model every rank
+holds, at equal steps, against plain fp32 DDP, and the bytes each rank put on
+the wire over the whole run (warm-up steps included).
+
+The text: the license texts of Debian's ``base-files`` package
+(/usr/share/common-licenses: GPL, LGPL, GFDL, Apache, Artistic, MPL, BSD,
+CC0; about 240 kB, on every Debian and Ubuntu machine, unchanged for years),
+each file split 90/10 into training and validation text. Where that folder
+is missing, the text of Python's own reference (``pydoc_data.topics``, in
+every CPython) stands in, and the run says so (``text`` in the JSON).
+
+Methods (compared with fp32):
+
+    fp32                     DDP without a hook (ring allreduce of fp32)
+    torch-bf16               torch's bf16_compress_hook
+    <gradzip spec>           gradzip's DDP hook with its defaults, e.g. onebit, topk:density=0.01
+    <spec>@hook:k=v,...      the hook with options: warmup=N (fixed warm-up steps),
+                             algorithm=..., server=<spec>, exact=N|off (layer filter)
+    <spec>@cm[:k=v,...]      compressed momentum (gradzip.torch.CompressedAdamW: the 1-bit
+                             Adam / 0/1 Adam family): options warmup=N (max full-precision
+                             steps), min=N, tol=X (the variance criterion), server=<spec>,
+                             wcodec=<spec> (the warm-up's gradient codec; none: fp32),
+                             refresh=R (variance refreshes R, 3R, 7R, ... steps after)
+    <spec>@bmuf:h=H[,...]    no DDP: block momentum (gradzip.torch.BlockMomentum) around
+                             AdamW, options as in the digits experiment (mu, lr, nesterov, ...)
+
+    python -m gradzip.experiments.lm --ranks 4 --methods fp32,onebit,onebit@cm --plot lm.png
+
+Runs are deterministic given the seed (the same losses on a loaded machine);
+wall times are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+DEFAULT_METHODS = ["fp32", "torch-bf16", "onebit", "topk:density=0.01", "onebit@cm"]
+
+LICENSES = "/usr/share/common-licenses"
+# The distinct texts (GPL, LGPL and GFDL are links to the newest version).
+LICENSE_FILES = ("Apache-2.0", "Artistic", "BSD", "CC0-1.0", "GFDL-1.2", "GFDL-1.3", "GPL-1", "GPL-2", "GPL-3",
+                 "LGPL-2", "LGPL-2.1", "LGPL-3", "MPL-1.1", "MPL-2.0")
+
+
+@dataclass
+class Settings:
+    """Training settings; the defaults are the ones BENCHMARKS.md reports."""
+
+    steps: int = 400              # 4 ranks: about 2 minutes on the loaded 2-vCPU machine; 600: about 3
+    batch_per_rank: int = 8       # sequences per rank per step
+    context: int = 64             # characters per sequence
+    width: int = 64               # 0.21M parameters; 96: 0.46M (twice the compute)
+    layers: int = 4
+    heads: int = 4
+    lr: float = 3e-3              # AdamW's peak; linear warm-up, then cosine to lr/10
+    lr_warmup: int = 30
+    weight_decay: float = 0.1
+    betas: Tuple[float, float] = (0.9, 0.99)
+    eval_every: int = 50          # validation loss of the shared model every N steps (and at the end)
+    eval_sequences: int = 64
+    threads_per_rank: int = 1
+
+
+@dataclass
+class Result:
+    method: str
+    seed: int
+    ranks: int
+    steps: int
+    val_loss: float
+    train_loss: float
+    wire_bytes: float             # this rank, over the whole run
+    fp32_wire_bytes: float        # what fp32 DDP's ring allreduce sends over the same steps
+    seconds: float
+    curve: List[Tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+# -- data -----------------------------------------------------------------------
+
+
+def text() -> Tuple[str, str, str]:
+    """(training text, validation text, what it is)."""
+    parts = []
+    for name in LICENSE_FILES:
+        path = os.path.join(LICENSES, name)
+        if not os.path.isfile(path):
+            parts = []
+            break
+        with open(path, encoding="utf-8", errors="replace") as f:
+            parts.append(f.read())
+    what = f"{LICENSES} ({len(parts)} texts)"
+    if not parts:
+        import pydoc_data.topics as topics
+
+        parts = [topics.topics[k] for k in sorted(topics.topics)]
+        what = f"pydoc_data.topics (Python {sys.version_info.major}.{sys.version_info.minor})"
+    train, val = [], []
+    for p in parts:
+        cut = int(len(p) * 0.9)
+        train.append(p[:cut])
+        val.append(p[cut:])
+    return "\n".join(train), "\n".join(val), what
+
+
+class Corpus:
+    """The text as character ids, with deterministic batches."""
+
+    def __init__(self, settings: Settings) -> None:
+        import torch
+
+        train, val, self.what = text()
+        chars = sorted(set(train) | set(val))
+        index = {c: i for i, c in enumerate(chars)}
+        self.vocab = len(chars)
+        self.train = torch.tensor([index[c] for c in train], dtype=torch.long)
+        self.val = torch.tensor([index[c] for c in val], dtype=torch.long)
+        self.settings = settings
+        t = settings.context
+        starts = torch.linspace(0, len(self.val) - t - 2, settings.eval_sequences).long()
+        self.val_x = torch.stack([self.val[s:s + t] for s in starts])
+        self.val_y = torch.stack([self.val[s + 1:s + t + 1] for s in starts])
+
+    def batch(self, seed: int, step: int, rank: int) -> Tuple[Any, Any]:
+        import torch
+
+        g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1009 + rank)
+        t = self.settings.context
+        starts = torch.randint(0, len(self.train) - t - 1, (self.settings.batch_per_rank,), generator=g)
+        x = torch.stack([self.train[s:s + t] for s in starts])
+        y = torch.stack([self.train[s + 1:s + t + 1] for s in starts])
+        return x, y
+
+
+# -- model ----------------------------------------------------------------------
+
+
+def model(vocab: int, settings: Settings, seed: int) -> Any:
+    """A GPT-style decoder: token and position embeddings, pre-norm blocks
+    (causal self-attention, 4x MLP with GELU), a final norm, a tied output head."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self, d: int, heads: int) -> None:
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x: Any) -> Any:
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            d = settings.width
+            self.tok = nn.Embedding(vocab, d)
+            self.pos = nn.Embedding(settings.context, d)
+            self.blocks = nn.ModuleList(Block(d, settings.heads) for _ in range(settings.layers))
+            self.ln = nn.LayerNorm(d)
+
+        def forward(self, idx: Any) -> Any:
+            t = idx.shape[1]
+            x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+            for b in self.blocks:
+                x = b(x)
+            return self.ln(x) @ self.tok.weight.t()
+
+    torch.manual_seed(seed)
+    net = GPT()
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if name.endswith("weight") and p.dim() == 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+    return net
+
+
+def lr_at(step: int, settings: Settings) -> float:
+    """Linear warm-up to lr, then cosine to lr/10 at the last step (a factor for LambdaLR)."""
+    if step < settings.lr_warmup:
+        return (step + 1) / settings.lr_warmup
+    frac = (step - settings.lr_warmup) / max(settings.steps - settings.lr_warmup, 1)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
+
+
+# -- methods --------------------------------------------------------------------
+
+
+@dataclass
+class Method:
+    forward: Any                          # what the batches go through
+    optimizer: Any                        # zero_grad(), step()
+    wire_bytes: Callable[[int], float]    # (steps) -> this rank's wire bytes over the run
+    shared_model: Callable[[], Any] = contextlib.nullcontext
+    finish: Callable[[], None] = lambda: None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def _options(method: str, family: str) -> Tuple[str, Dict[str, str]]:
+    spec, _, rest = method.partition("@" + family)
+    opts: Dict[str, str] = {}
+    if rest:
+        if not rest.startswith(":"):
+            raise ValueError(f"method {method!r}: write <spec>@{family}:key=value,...")
+        for item in rest[1:].split(","):
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise ValueError(f"method {method!r}: {item!r} is not key=value")
+            opts[key] = value
+    return spec, opts
+
+
+def _adamw(params: Any, settings: Settings) -> Any:
+    import torch
+
+    return torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
+
+
+def setup(method: str, net: Any, settings: Settings) -> Method:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gradzip.torch import CompressionState, compression_hook
+
+    p = dist.get_world_size()
+    dense = 4.0 * sum(q.numel() for q in net.parameters())
+    ring = 2.0 * (p - 1) / p
+    if "@bmuf" in method:
+        from ._digits_bmuf import parse
+        from gradzip.torch import BlockMomentum
+
+        spec, kwargs = parse(method)
+        kwargs.setdefault("transport", "torch")
+        opt = BlockMomentum(net, _adamw(net.parameters(), settings), codec=spec, **kwargs)
+
+        def finish() -> None:
+            opt.sync()
+            opt.close()
+
+        return Method(net, opt, lambda steps: opt.compression_stats()["wire_bytes_per_step"] * steps,
+                      shared_model=opt.global_model, finish=finish,
+                      extra={"block_momentum": opt.block_momentum, "block_lr": opt.block_lr})
+    if "@cm" in method:
+        from gradzip.torch import CompressedAdamW
+
+        spec, opts = _options(method, "cm")
+        kw: Dict[str, Any] = {}
+        if "warmup" in opts:
+            kw["max_warmup_steps"] = int(opts["warmup"])
+            kw["min_warmup_steps"] = min(int(opts["warmup"]), int(opts.get("min", 10 ** 9)),
+                                         CompressedAdamW.DEFAULT_MIN_WARMUP)
+        if "min" in opts:
+            kw["min_warmup_steps"] = int(opts["min"])
+        if "wcodec" in opts:
+            kw["warmup_codec"] = opts["wcodec"]
+        if "refresh" in opts:
+            kw["variance_refresh"] = int(opts["refresh"])
+        if "tol" in opts:
+            kw["variance_tolerance"] = float(opts["tol"])
+        if "server" in opts:
+            kw["server_codec"] = opts["server"]
+        ddp = DDP(net)
+        opt = CompressedAdamW(ddp.parameters(), lr=settings.lr, betas=settings.betas,
+                              weight_decay=settings.weight_decay, codec=spec, **kw)
+        opt.register_ddp(ddp)
+
+        def extra_of() -> Dict[str, Any]:
+            return {"warmup_steps": opt.compression_stats()["warmup_steps"]}
+
+        m = Method(ddp, opt, lambda steps: opt.compression_stats()["wire_bytes"])
+        m.finish = lambda: m.extra.update(extra_of())
+        return m
+    ddp = DDP(net)
+    opt = _adamw(ddp.parameters(), settings)
+    if method == "fp32":
+        return Method(ddp, opt, lambda steps: ring * dense * steps)
+    if method == "torch-bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        return Method(ddp, opt, lambda steps: ring * dense / 2 * steps)
+    spec, opts = _options(method, "hook")
+    kw = {}
+    for key, value in opts.items():
+        if key == "warmup":
+            kw["warmup_steps"] = int(value)
+        elif key == "algorithm":
+            kw["algorithm"] = value
+        elif key == "server":
+            kw["server_codec"] = value
+        elif key == "exact":
+            kw["exact_below"] = None if value == "off" else int(value)
+        else:
+            raise ValueError(f"method {method!r}: unknown hook option {key!r} (warmup, algorithm, server, exact)")
+    state = CompressionState(codec=spec, **kw)
+    ddp.register_comm_hook(state, compression_hook)
+    return Method(ddp, opt, lambda steps: state.compression_stats()["wire_bytes_per_step"] * steps,
+                  extra={"state": repr(state)})
+
+
+# -- training -------------------------------------------------------------------
+
+
+def train_one(method: str, seed: int, settings: Settings, corpus: Corpus) -> Result:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    net = model(corpus.vocab, settings, seed)
+    m = setup(method, net, settings)
+    inner = getattr(m.optimizer, "local_optimizer", m.optimizer)
+    sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: lr_at(s, settings))
+
+    def val_loss() -> float:
+        with torch.no_grad(), m.shared_model():
+            logits = net(corpus.val_x)
+            return float(F.cross_entropy(logits.reshape(-1, corpus.vocab), corpus.val_y.reshape(-1)))
+
+    curve: List[Tuple[int, float]] = []
+    paused, loss_sum, loss_n = 0.0, 0.0, 0
+    t0 = time.perf_counter()
+    for step in range(settings.steps):
+        x, y = corpus.batch(seed, step, rank)
+        m.optimizer.zero_grad()
+        loss = F.cross_entropy(m.forward(x).reshape(-1, corpus.vocab), y.reshape(-1))
+        loss.backward()
+        m.optimizer.step()
+        sched.step()
+        if step >= settings.steps - 50:
+            loss_sum += loss.item()
+            loss_n += 1
+        if settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
+            te = time.perf_counter()
+            curve.append((step + 1, val_loss()))
+            paused += time.perf_counter() - te
+    m.finish()
+    seconds = time.perf_counter() - t0 - paused
+    final = val_loss()
+    curve.append((settings.steps, final))
+    with torch.no_grad(), m.shared_model():
+        flat = torch.cat([q.detach().reshape(-1) for q in net.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(ranks)]
+    dist.all_gather(everyone, flat)
+    extra = dict(m.extra)
+    extra["identical_on_all_ranks"] = all(torch.equal(everyone[0], e) for e in everyone)
+    extra["parameters"] = int(flat.numel())
+    extra["text"] = corpus.what
+    dense = 4.0 * flat.numel()
+    return Result(method, seed, ranks, settings.steps, final, loss_sum / max(loss_n, 1),
+                  float(m.wire_bytes(settings.steps)), 2.0 * (ranks - 1) / ranks * dense * settings.steps,
+                  seconds, curve, extra)
+
+
+def _train_all(methods: Sequence[str], seeds: Sequence[int], settings: Settings) -> List[Dict[str, Any]]:
+    import torch.distributed as dist
+
+    corpus = Corpus(settings)
+    out = []
+    for seed in seeds:
+        for method in methods:
+            r = asdict(train_one(method, seed, settings, corpus))
+            out.append(r)
+            if dist.get_rank() == 0:
+                print(f"  seed {seed} {method:<36} val {r['val_loss']:.4f} wire {r['fp32_wire_bytes'] / r['wire_bytes']:.1f}x "
+                      f"fewer ({r['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    return out
+
+
+def _worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Sequence[int],
+            settings: Settings, out_path: str) -> None:
+    from .digits import Settings as DigitsSettings, _in_group
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ranks),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks))
+    group_settings = DigitsSettings(threads_per_rank=settings.threads_per_rank)
+    results = _in_group(rank, ranks, group_settings, lambda: _train_all(methods, seeds, settings))
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+
+
+def run(methods: Sequence[str], seeds: Sequence[int] = (0,), ranks: int = 4, settings: Optional[Settings] = None,
+        timeout: float = 3600.0) -> List[Dict[str, Any]]:
+    """Trains every method with every seed on `ranks` local CPU processes; one
+    dict per (seed, method) (the fields of :class:`Result`)."""
+    import torch.multiprocessing as mp
+
+    from .digits import _free_port
+
+    settings = settings or Settings()
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "results.json")
+        ctx = mp.start_processes(_worker, args=(ranks, _free_port(), list(methods), list(seeds), settings, out_path),
+                                 nprocs=ranks, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"lm experiment: not done after {timeout:.0f} s")
+        finally:
+            for q in ctx.processes:
+                if q.is_alive():
+                    q.kill()
+        with open(out_path) as f:
+            return json.load(f)
+
+
+def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per method: mean final validation loss, % vs fp32 (same seeds), wire ratio, time."""
+    import statistics
+
+    methods = list(dict.fromkeys(r["method"] for r in results))
+    base = {r["seed"]: r["val_loss"] for r in results if r["method"] == "fp32"}
+    rows = []
+    for m in methods:
+        rs = [r for r in results if r["method"] == m]
+        deltas = [100.0 * (r["val_loss"] / base[r["seed"]] - 1.0) for r in rs if r["seed"] in base]
+        rows.append({
+            "method": m,
+            "ranks": rs[0]["ranks"],
+            "val_loss": statistics.mean(r["val_loss"] for r in rs),
+            "vs_fp32_percent": statistics.mean(deltas) if deltas else math.nan,
+            "wire_bytes": statistics.mean(r["wire_bytes"] for r in rs),
+            "wire_ratio": statistics.mean(r["fp32_wire_bytes"] for r in rs) / statistics.mean(
+                r["wire_bytes"] for r in rs),
+            "seconds": statistics.mean(r["seconds"] for r in rs),
+            "identical_on_all_ranks": all(r["extra"].get("identical_on_all_ranks") for r in rs),
+            "extra": rs[0]["extra"],
+        })
+    return rows
+
+
+def markdown(rows: List[Dict[str, Any]], settings: Settings, seeds: Sequence[int]) -> str:
+    r0 = rows[0]
+    lines = [
+        f"Char-level GPT ({r0['extra'].get('parameters', 0):,} parameters: {settings.layers} layers, width "
+        f"{settings.width}, context {settings.context}) on {r0['extra'].get('text')}, {r0['ranks']} CPU ranks "
+        f"(gloo), {settings.steps} steps, batch {settings.batch_per_rank}x{settings.context}/rank, AdamW lr "
+        f"{settings.lr:g} wd {settings.weight_decay:g}; seeds {', '.join(map(str, seeds))}.",
+        "",
+        "| method | val loss | vs fp32 | wire ratio vs fp32 DDP | wire MB/rank | s | ranks identical |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        delta = "" if r["method"] == "fp32" else f"{r['vs_fp32_percent']:+.2f}%"
+        lines.append(f"| {r['method']} | {r['val_loss']:.4f} | {delta} | {r['wire_ratio']:.1f}x | "
+                     f"{r['wire_bytes'] / 1e6:.1f} | {r['seconds']:.0f} | {r['identical_on_all_ranks']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: List[Dict[str, Any]], path: str) -> None:
+    """Validation loss against step, one line per (method, seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        steps, losses = zip(*r["curve"])
+        ratio = r["fp32_wire_bytes"] / r["wire_bytes"]
+        ax.plot(steps, losses, label=f"{r['method']} ({ratio:.0f}x)" + (f" s{r['seed']}" if r["seed"] else ""))
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (nats/char)")
+    ax.set_title(f"char-level GPT, {results[0]['ranks']} ranks, AdamW")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def split_methods(text_: str) -> List[str]:
+    """Methods may hold commas (topk:density=0.01,ef=off; onebit@bmuf:h=8,mu=0.5): an
+    element that does not start with a method's or codec's name continues the previous one."""
+    import gradzip
+
+    names = {"fp32", "torch-bf16", *gradzip.codec_names()}
+    out: List[str] = []
+    for part in text_.split(","):
+        name = part.split("@")[0].split("/")[0].split(":")[0].split("=")[0]
+        if out and name not in names:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+    ap.add_argument("--steps", type=int, default=Settings.steps)
+    ap.add_argument("--batch", type=int, default=Settings.batch_per_rank, help="sequences per rank per step")
+    ap.add_argument("--width", type=int, default=Settings.width, help="model width (64: 0.21M parameters, 96: 0.46M)")
+    ap.add_argument("--layers", type=int, default=Settings.layers)
+    ap.add_argument("--eval-every", type=int, default=Settings.eval_every)
+    ap.add_argument("--json", help="write the per-run results (with curves) and the summary here")
+    ap.add_argument("--markdown", help="write the table here")
+    ap.add_argument("--plot", help="write the validation-loss curves here (PNG; needs matplotlib)")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    args = ap.parse_args(argv)
+    settings = Settings(steps=args.steps, batch_per_rank=args.batch, eval_every=args.eval_every, width=args.width,
+                        layers=args.layers)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results = run(split_methods(args.methods), seeds, args.ranks, settings, args.timeout)
+    rows = summarize(results)
+    table = markdown(rows, settings, seeds)
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": asdict(settings), "results": results, "summary": rows}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    if args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Layer filters of the DDP hook (CGX's): which parameters of a segment travel
+exact (fp32, no codec) and which through the codec.
+
+A parameter travels exact when it has at most one dimension (biases, norm
+weights and gains) or fewer than ``exact_below`` elements. These hold a tiny
+share of the bytes, but a codec treats them badly: onebit gives every element
+of a 512-element block one magnitude, so a norm's gains would share a scale
+with the matrix beside them in the bucket, and Adam's per-coordinate division
+then magnifies the error. The compressed part of a segment is its other
+parameters gathered in order, so a block scale never spans a parameter of
+another kind; its error feedback is the segment's own. The exact part is
+averaged with gradzip's ``none`` codec (the same bits on every rank).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+# (offset in the segment, length) runs.
+Runs = List[Tuple[int, int]]
+
+
+def is_exact(shape: Sequence[int], exact_below: int) -> bool:
+    """Whether a parameter of this shape travels exact."""
+    return len(shape) <= 1 or math.prod(shape) < exact_below
+
+
+class Split:
+    """One segment's exact and compressed runs, with their scratch buffers."""
+
+    __slots__ = ("exact", "compressed", "n_exact", "n_compressed", "exact_ef", "scratch")
+
+    def __init__(self, exact: Runs, compressed: Runs) -> None:
+        import gradzip
+
+        self.exact = exact
+        self.compressed = compressed
+        self.n_exact = sum(m for _, m in exact)
+        self.n_compressed = sum(m for _, m in compressed)
+        self.exact_ef = gradzip.ErrorFeedback()  # the none codec keeps no residual: nothing to checkpoint
+        self.scratch: Dict[str, torch.Tensor] = {}
+
+    def buffer(self, name: str, n: int, like: torch.Tensor) -> torch.Tensor:
+        x = self.scratch.get(name)
+        if x is None or x.numel() != n or x.device != like.device or x.dtype != like.dtype:
+            x = self.scratch[name] = torch.empty(n, dtype=like.dtype, device=like.device)
+        return x
+
+
+def split_of(seg: Any, shapes: List[Tuple[int, ...]], exact_below: Optional[int]) -> Optional[Split]:
+    """The segment's split, or None when it has nothing to keep exact (or
+    nothing to compress: then the whole segment is sent as is) or filters are off."""
+    if exact_below is None:
+        return None
+    exact: Runs = []
+    compressed: Runs = []
+    for key, off, m in zip(seg.keys, seg.offsets(), seg.numels):
+        runs = exact if is_exact(shapes[key], exact_below) else compressed
+        if runs and sum(runs[-1]) == off:
+            runs[-1] = (runs[-1][0], runs[-1][1] + m)
+        else:
+            runs.append((off, m))
+    if not exact:
+        return None
+    return Split(exact, compressed)
+
+
+def _gather(x: torch.Tensor, runs: Runs, out: torch.Tensor) -> None:
+    o = 0
+    for lo, m in runs:
+        out[o:o + m].copy_(x[lo:lo + m])
+        o += m
+
+
+def _scatter(src: torch.Tensor, runs: Runs, x: torch.Tensor) -> None:
+    o = 0
+    for lo, m in runs:
+        x[lo:lo + m].copy_(src[o:o + m])
+        o += m
+
+
+def allreduce(comm: Any, codec: Any, seg: Any, split: Split, x: torch.Tensor, algorithm: str,
+              server_codec: Optional[str]) -> Tuple[float, float]:
+    """Averages the segment x in place: its exact runs with the none codec, the
+    rest with the codec (the segment's error feedback). Returns (wire bytes,
+    the exact part's wire bytes)."""
+    import gradzip
+
+    sent = exact_sent = 0.0
+    if split.n_compressed:
+        c = split.buffer("compressed", split.n_compressed, x)
+        _gather(x, split.compressed, c)
+        sent += comm.allreduce(c, codec, seg.ef, op="avg", algorithm=algorithm, server_codec=server_codec)["wire_bytes"]
+        _scatter(c, split.compressed, x)
+    e = split.buffer("exact", split.n_exact, x)
+    _gather(x, split.exact, e)
+    exact_sent = comm.allreduce(e, _NONE(gradzip), split.exact_ef, op="avg")["wire_bytes"]
+    _scatter(e, split.exact, x)
+    return sent + exact_sent, exact_sent
+
+
+_none_codec: List[Any] = []
+
+
+def _NONE(gradzip: Any) -> Any:  # noqa: N802
+    if not _none_codec:
+        _none_codec.append(gradzip.Codec("none"))
+    return _none_codec[0]

@@ -1,0 +1,58 @@
+"""What the layer-filter tests run on every rank (dist_util.run_ranks): a
+model with biases and a LayerNorm beside its matrices, under the hook with
+exact_below set; the exact parameters' gradients are compared with the true
+average of the ranks' gradients (all_gather), step by step."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gradzip.torch import CompressionState, compression_hook
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 40), torch.nn.LayerNorm(40), torch.nn.Tanh(),
+                               torch.nn.Linear(40, 40, bias=False), torch.nn.Linear(40, 3))
+
+
+def suite(rank: int, world: int) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for name, kwargs in (("filtered", {"exact_below": 100, "warmup_steps": 2}), ("unfiltered", {})):
+        model = make_model()
+        ddp = DDP(model, bucket_cap_mb=0.002)  # several buckets, mixed kinds in each
+        state = CompressionState(codec="onebit", **kwargs)
+        ddp.register_comm_hook(state, compression_hook)
+        exact_err = lossy_err = 0.0
+        identical = True
+        for step in range(6):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+            # The true average of this step's gradients, from a copy of the model.
+            ref = make_model()
+            ref.load_state_dict(model.state_dict())
+            torch.nn.functional.cross_entropy(ref(x), y).backward()
+            ddp.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            for p, q in zip(model.parameters(), ref.parameters()):
+                everyone = [torch.empty_like(q.grad) for _ in range(world)]
+                dist.all_gather(everyone, q.grad)
+                mean = torch.stack(everyone).mean(0)
+                err = float((p.grad - mean).abs().max())
+                if p.dim() <= 1:
+                    exact_err = max(exact_err, err)
+                elif step >= 2:
+                    lossy_err = max(lossy_err, err)
+                got = [torch.empty_like(p.grad) for _ in range(world)]
+                dist.all_gather(got, p.grad)
+                identical &= all(torch.equal(got[0], t) for t in got)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)
+        stats = state.compression_stats()
+        out[name] = {"exact_err": exact_err, "lossy_err": lossy_err, "identical": identical, "stats": stats}
+    return out

@@ -1,0 +1,124 @@
+"""gradzip.torch.CompressedAdamW / CompressedSGD (compressed momentum, the
+1-bit Adam / 0/1 Adam family): the math against a plain float64 reference
+(codec none) and against torch.optim.AdamW in the full-precision stage;
+ranks identical after every step with lossy codecs; the bytes of the
+two-phase path; the warm-up criterion; bit-identical resume; bad arguments.
+
+Every multi-rank check runs in one set of 3 processes (cm_workers.suite).
+"""
+
+import pytest
+import torch
+
+import cm_workers
+import gradzip
+from dist_util import run_ranks
+from gradzip.torch import CompressedAdamW, CompressedSGD
+
+pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"], reason="this gradzip build has no communicator")
+
+LOSSY = cm_workers.LOSSY
+
+
+@pytest.fixture(scope="module")
+def three_ranks():
+    return run_ranks(cm_workers.suite, 3, timeout=300)
+
+
+def test_adamw_math_equals_the_reference_with_codec_none(three_ranks):
+    for r in three_ranks:
+        assert r["adamw_none/warmup"] == 4
+        assert r["adamw_none/moved"] > 1e-3  # the steps did something
+        assert r["adamw_none/err"] < 1e-6, r["adamw_none/err"]
+        # The frozen variance is visible: the unfrozen reference is far off.
+        assert r["adamw_none/err_vs_unfrozen"] > 100 * max(r["adamw_none/err"], 1e-8)
+
+
+def test_variance_refreshes_at_doubling_intervals(three_ranks):
+    for r in three_ranks:
+        assert r["adamw_refresh/err"] < 1e-6, r["adamw_refresh/err"]
+        assert r["adamw_refresh/err_vs_none"] > 100 * max(r["adamw_refresh/err"], 1e-8)
+
+
+def test_full_precision_stage_is_torch_adamw(three_ranks):
+    for r in three_ranks:
+        assert r["adamw_warmup_vs_torch/err"] < 1e-6
+
+
+def test_sgd_math_equals_the_reference_with_codec_none(three_ranks):
+    for r in three_ranks:
+        assert r["sgd_none/err"] < 1e-6, r["sgd_none/err"]
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+def test_ranks_identical_after_every_step_and_two_phase_bytes(three_ranks, spec):
+    for r in three_ranks:
+        assert r[f"lossy/{spec}/identical"]
+        # 2(P-1)/P payloads of the codec, as scatter_reduce's payloads come
+        # out of the engine (chunked in segments, each with its header and
+        # whole blocks: measured 1.28x the one-payload figure at 3 ranks,
+        # 1.14x at 4).
+        wire, bound = r[f"lossy/{spec}/wire_per_step"], r[f"lossy/{spec}/bound"]
+        assert 0 < wire <= 1.3 * bound, (wire, bound)
+    assert all(r["sgd_onebit/identical"] for r in three_ranks)
+
+
+def test_onebit_sends_far_fewer_bytes_than_fp32(three_ranks):
+    # 53 parameters: headers weigh; still well under fp32's ring.
+    r = three_ranks[0]
+    assert r["lossy/onebit/wire_per_step"] < r["lossy/onebit/fp32_per_step"]
+
+
+def test_warmup_ends_on_the_variance_criterion(three_ranks):
+    for r in three_ranks:
+        assert r["freeze/loose"] == 4  # the first check (every 2 steps) at or after min 3
+        assert r["freeze/strict"] == 9  # never within tolerance 0: max_warmup_steps
+
+
+@pytest.mark.parametrize("spec", ["onebit", "topk:density=0.1"])
+def test_resume_from_checkpoint_is_bit_identical(three_ranks, spec):
+    for r in three_ranks:
+        assert r[f"resume/{spec}/same"]
+        assert r[f"resume/{spec}/control_differs"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"betas": (1.0, 0.9)}, "betas"),
+    ({"min_warmup_steps": 10, "max_warmup_steps": 5}, "min_warmup_steps"),
+    ({"check_every": 0}, "check_every"),
+    ({"codec": "nonsense"}, "nonsense"),
+    ({"transport": "smoke"}, "transport"),
+    ({"bucket_elements": 0}, "bucket_elements"),
+])
+def test_bad_arguments_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CompressedAdamW(cm_workers.make_model(0).parameters(), **kwargs)
+
+
+def test_bad_parameters_raise_value_error():
+    with pytest.raises(ValueError, match="float32"):
+        CompressedSGD(cm_workers.make_model(0).double().parameters())
+    with pytest.raises(ValueError, match="momentum"):
+        CompressedSGD(cm_workers.make_model(0).parameters(), momentum=1.0)
+
+
+def test_state_dict_of_another_codec_is_refused():
+    a = CompressedAdamW(cm_workers.make_model(0).parameters(), codec="onebit")
+    b = CompressedAdamW(cm_workers.make_model(0).parameters(), codec="fp16")
+    with pytest.raises(ValueError, match="codec"):
+        b.load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match="state_dict"):
+        CompressedSGD(cm_workers.make_model(0).parameters()).load_state_dict(a.state_dict())
+
+
+def test_one_process_without_distributed_is_plain_adamw():
+    torch.manual_seed(0)
+    m1, m2 = cm_workers.make_model(0), cm_workers.make_model(0)
+    a = CompressedAdamW(m1.parameters(), lr=0.01, max_warmup_steps=1000, min_warmup_steps=1000)
+    b = torch.optim.AdamW(m2.parameters(), lr=0.01)
+    for t in range(5):
+        for m, o in ((m1, a), (m2, b)):
+            o.zero_grad()
+            cm_workers.loss_of(m, 0, t).backward()
+            o.step()
+    assert torch.allclose(cm_workers.flat(m1), cm_workers.flat(m2), atol=1e-6)
