@@ -11,9 +11,13 @@
 #include <random>
 #include <thread>
 
+#include "comm/agreement.h"
 #include "comm/communicator.h"
+#include "comm/env.h"
+#include "comm/job_identity.h"
 #include "comm/peer_blob.h"
 #include "comm/store/hash_store.h"
+#include "comm/store/tcp_store.h"
 #include "comm/ucx/ucx_transport.h"
 #include "common/error.h"
 #include "tests/comm/multiprocess.h"
@@ -251,6 +255,47 @@ TEST(MpTrust, GarbageWorkerAddressIsAnIoErrorNamingTheRank) {
     return kOk;
   }, opts(5, 60));
   EXPECT_EQ(res[0].exit_code, kOk) << describe(res);
+}
+
+// A store whose reads are slow: this rank reads an agreement round after the
+// others are done with it.
+class SlowReads final : public Store {
+ public:
+  explicit SlowReads(std::shared_ptr<Store> s) : Store(s->timeout()), s_(std::move(s)) {}
+
+ protected:
+  void do_set(const std::string& k, std::string_view v) override { s_->set(k, v); }
+  std::string do_get(const std::string& k) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    return s_->get(k, Timeout(0));
+  }
+  void do_wait(const std::vector<std::string>& keys, Timeout t) override { s_->wait(keys, t); }
+  std::int64_t do_add(const std::string& k, std::int64_t d) override { return s_->add(k, d); }
+  void do_erase(const std::vector<std::string>& keys) override { s_->erase(keys); }
+
+ private:
+  std::shared_ptr<Store> s_;
+};
+
+// Ranks that disagree, over the TcpStore rank 0 hosts, each leaving as soon
+// as it has its error (issue 25 item 7): rank 1 reads slowly, so without the
+// wait for every rank's reading rank 0's exit took the store from it and it
+// failed with a lost connection instead of the mismatch.
+TEST(MpTrust, EveryRankReportsAMismatchEvenWhenTheStoresHostLeavesAtOnce) {
+  const auto res = run_ranks(2, [](int rank) {
+    const RankInfo info = rank_info_from_env();
+    StoreMember me{job_identity_from_env(), info.rank, info.world_size};
+    auto tcp = std::make_shared<TcpStore>(info.master_addr, info.master_port, rank == 0, std::move(me),
+                                          Timeout(10000));
+    std::shared_ptr<Store> store = tcp;
+    if (rank == 1) store = std::make_shared<SlowReads>(tcp);
+    agree(*store, 0, rank, 2, {{"codec", rank == 0 ? "onebit" : "fp16"}}, Timeout(10000));
+    return kOk;  // an InvalidArgument exits with kInvalidArgument, at once
+  }, opts(10, 60));
+  for (const auto& r : res) {
+    EXPECT_EQ(r.exit_code, kInvalidArgument) << describe(res);
+    EXPECT_NE(r.output.find("rank 0 'onebit'; rank 1 'fp16'"), std::string::npos) << describe(res);
+  }
 }
 
 }  // namespace
