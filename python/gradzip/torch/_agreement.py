@@ -27,6 +27,7 @@ round, so each rank reports the mismatch itself rather than a lost store.
 
 import hashlib
 import itertools
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
@@ -73,5 +74,8 @@ def agree(group: Any, fields: List[Tuple[str, str]], who: str, round: str, misma
     if len(ranks) <= 1:
         return
     counter = _rounds.setdefault((who, ranks), itertools.count())
-    _core._agree_through_store(c10d._get_default_store(), f"gradzip/{who}-agree/{'.'.join(map(str, ranks))}",
-                               next(counter), dist.get_rank(group), len(ranks), fields, timeout, round, mismatch)
+    try:
+        _core._agree_through_store(c10d._get_default_store(), f"gradzip/{who}-agree/{'.'.join(map(str, ranks))}",
+                                   next(counter), dist.get_rank(group), len(ranks), fields, timeout, round, mismatch)
+    except _core.InvalidArgument as e:  # the report, without the C++ file:line it was raised at
+        raise _core.InvalidArgument(re.sub(r"^\[[^\]]*\] ", "", str(e))) from None
