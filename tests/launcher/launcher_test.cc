@@ -170,7 +170,11 @@ TEST(Launcher, RejectsBadUsage) {
 // launcher ends the job at once instead of waiting for that process (it
 // waited as long as the process ran: more than 40 s in the issue).
 TEST(Launcher, AProcessThatLeftTheRanksGroupDoesNotHoldTheJob) {
-  const RunResult r = run("-n 2 --grace 1 -- sh -c 'setsid sleep 20 & echo \"stray=$!\"; "
+  // Each rank waits until its stray has its own session (a SIGKILL to the
+  // rank's group before that would take the stray with it).
+  const RunResult r = run("-n 2 --grace 1 -- sh -c 'setsid sleep 20 & p=$!; i=0; "
+                          "while [ $i -lt 300 ] && [ \"$(cut -d\" \" -f6 /proc/$p/stat 2>/dev/null)\" != $p ]; "
+                          "do i=$((i+1)); sleep 0.01; done; echo \"stray=$p\"; "
                           "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30'");
   for (const std::string& pid : lines_with(r.output, "stray=")) ::kill(std::stoi(pid), SIGKILL);
   EXPECT_EQ(r.code, 3) << r.output;
