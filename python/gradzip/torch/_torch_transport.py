@@ -23,7 +23,13 @@ message travels as two: a 16-byte header (magic, the message's number on
 this pair, its length) under the communicator's tag, then the bytes under a
 tag of their own. A receive posts only the header; once it arrives and the
 length is exactly the receive's size (the algorithms send whole slots,
-comm/transport.h), the body is posted, in header order per peer. Any other
+comm/transport.h), the body is posted, in header order per peer. gloo moves
+a message's bytes only once its receive is posted, and reports a header's
+arrival only to a wait() on it, so one thread per transport (the poster)
+waits for the headers in the order they were posted and posts each body at
+once: the bodies move while the caller encodes the next segment, as the
+unframed bytes did (waiting for the headers in the caller's wait() cost
+1.5-3x on 2 loopback ranks: BENCHMARKS section 6). Any other
 length, a damaged header or one out of order is an IoError naming the peer,
 and nothing is written into the slot. (NCCL, which takes device buffers
 in place, moves them as they are: its own checks apply.)
@@ -36,7 +42,9 @@ BlockMomentum a group of its own (docs/python.md).
 
 import collections
 import datetime
+import os
 import struct
+import threading
 import time
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
@@ -85,6 +93,16 @@ class ProcessGroupTransport:
         self._received: Dict[int, int] = collections.defaultdict(int)
         self._waiting: Dict[int, Deque["_FramedRecv"]] = collections.defaultdict(collections.deque)
         self._drains: List[Tuple[torch.Tensor, Any]] = []  # wrong-size bodies being received, kept alive
+        # The poster: its queue (every framed receive, in posting order), the
+        # condition the callers' waits sleep on, the first error it met (every
+        # receive not yet posted fails with it), and how long it waits for one
+        # header (the longest timeout a wait() was given; a gloo wait that
+        # times out breaks every pair of the group, so never shorter).
+        self._cv = threading.Condition()
+        self._posting: Deque["_FramedRecv"] = collections.deque()
+        self._poster: Optional[threading.Thread] = None
+        self._poster_error: Optional[BaseException] = None
+        self._header_timeout = float(os.environ.get("GRADZIP_TIMEOUT_S", "60") or 60)
 
     def start(self, sends: Sequence[Tuple[int, torch.Tensor]], recvs: Sequence[Tuple[int, torch.Tensor]],
               stream: int) -> List[Any]:
@@ -112,25 +130,55 @@ class ProcessGroupTransport:
             x.works.append(group.send([header], p, self.tag))
             if t.numel():
                 x.works.append(group.send([t], p, self.body_tag))
-        for p, t in recvs:
-            header = torch.empty(_FRAME.size, dtype=torch.uint8)
-            r = _FramedRecv(p, t, header, group.recv([header], p, self.tag))
-            self._waiting[p].append(r)
-            x.recvs.append(r)
+        with self._cv:
+            for p, t in recvs:
+                header = torch.empty(_FRAME.size, dtype=torch.uint8)
+                r = _FramedRecv(p, t, header, group.recv([header], p, self.tag))
+                self._waiting[p].append(r)
+                self._posting.append(r)
+                x.recvs.append(r)
+            if x.recvs:
+                if self._poster is None:
+                    self._poster = threading.Thread(target=self._post_loop, name=f"gradzip-{self.name}-poster",
+                                                    daemon=True)
+                    self._poster.start()
+                self._cv.notify_all()
         return x
 
-    def _post_bodies(self, peer: int, block: bool, seconds: float = 0.0) -> None:
+    def _post_loop(self) -> None:
+        """The poster thread: waits for each framed receive's header in posting
+        order (the GIL released) and posts the bodies whose headers arrived."""
+        while True:
+            with self._cv:
+                while not self._posting:
+                    self._cv.wait()
+                r = self._posting[0]
+            error: Optional[BaseException] = None
+            try:
+                if not r.posted and not r.header_work.wait(datetime.timedelta(seconds=self._header_timeout)):
+                    error = RuntimeError(f"{self.name}: an exchange was aborted")
+            except Exception as e:  # a timeout or a broken pair: every receive behind it fails too
+                error = e
+            with self._cv:
+                if self._posting and self._posting[0] is r:
+                    self._posting.popleft()
+                if error is None and not r.posted:
+                    try:
+                        self._post_bodies(r.peer)
+                    except Exception as e:
+                        error = e
+                if error is not None and self._poster_error is None:
+                    self._poster_error = error
+                self._cv.notify_all()
+
+    def _post_bodies(self, peer: int) -> None:
         """Posts, in order, the bodies of `peer`'s receives whose header arrived
-        (waiting for the first header when `block`); IoError for a bad header."""
+        (the poster waited for it); IoError for a bad header. Under self._cv."""
         queue = self._waiting[peer]
         while queue:
             r = queue[0]
             if not r.header_work.is_completed():
-                if not block:
-                    return
-                if not r.header_work.wait(datetime.timedelta(seconds=max(seconds, 0.001))):
-                    raise RuntimeError(f"{self.name}: an exchange was aborted")
-                block = False  # one blocking wait per call: the headers behind it arrived in order
+                return
             magic, number, length = _FRAME.unpack(r.header.numpy().tobytes())
             expected = self._received[peer]
             if magic != _FRAME_MAGIC or number != expected:
@@ -157,23 +205,25 @@ class ProcessGroupTransport:
         # gloo reports completion only through wait(): False until then,
         # which costs nothing (its I/O thread progresses on its own).
         if isinstance(works, _FramedExchange):
-            for r in works.recvs:
-                if not r.posted:
-                    self._post_bodies(r.peer, block=False)
-            if not all(r.posted for r in works.recvs):
-                return False
+            with self._cv:
+                if not all(r.posted for r in works.recvs):
+                    return False
             return all(w.is_completed() for w in works.all_works())
         return all(w.is_completed() for w in works)
 
     def wait(self, works: Any, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         if isinstance(works, _FramedExchange):
-            for r in works.recvs:
-                while not r.posted:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(f"{self.name}: an exchange did not complete within the timeout")
-                    self._post_bodies(r.peer, block=True, seconds=left)
+            with self._cv:
+                self._header_timeout = max(self._header_timeout, seconds)
+                for r in works.recvs:
+                    while not r.posted:
+                        if self._poster_error is not None:
+                            raise self._poster_error
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TimeoutError(f"{self.name}: an exchange did not complete within the timeout")
+                        self._cv.wait(left)
             works = works.all_works()
         for w in works:
             left = deadline - time.monotonic()
@@ -190,7 +240,9 @@ class ProcessGroupTransport:
         # nothing is written after this returns. NCCL cannot cancel one
         # operation; abort its communicators (peers fail at their timeout).
         handles.clear()
-        self._waiting.clear()
+        with self._cv:
+            self._waiting.clear()
+            self._posting.clear()
         if self.device_memory and hasattr(self.group, "abort"):
             self.group.abort()
 
