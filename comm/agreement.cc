@@ -80,7 +80,8 @@ std::string describe_disagreement(const std::vector<Fields>& all) {
   return problems;
 }
 
-void agree(Store& store, std::uint64_t index, int rank, int size, const Fields& fields, Timeout timeout) {
+void agree(Store& store, std::uint64_t index, int rank, int size, const Fields& fields, Timeout timeout,
+           const AgreeWords& words) {
   if (size <= 1) return;
   const std::string prefix = "agree/" + std::to_string(index) + "/";
   auto key = [&](int r) { return prefix + std::to_string(r); };
@@ -91,7 +92,7 @@ void agree(Store& store, std::uint64_t index, int rank, int size, const Fields& 
   try {
     store.wait(others, timeout);
   } catch (const IoError& e) {
-    GZ_THROW(IoError, "rank ", rank, ": the ranks did not all start allreduce call agreement #", index,
+    GZ_THROW(IoError, "rank ", rank, ": the ranks did not all start ", words.round, " #", index,
              " (a rank died, or the ranks call allreduce with states or buffers in a different order): ", e.what());
   }
   std::vector<Fields> all(static_cast<std::size_t>(size));
@@ -102,22 +103,40 @@ void agree(Store& store, std::uint64_t index, int rank, int size, const Fields& 
     }
     auto theirs = decode_fields(store.get(key(r)));
     if (!theirs)
-      GZ_THROW(IoError, "rank ", rank, ": the fields rank ", r, " published for agreement #", index, " are malformed");
+      GZ_THROW(IoError, "rank ", rank, ": the fields rank ", r, " published for ", words.round, " #", index,
+               " are malformed");
     all[static_cast<std::size_t>(r)] = std::move(*theirs);
   }
+  const std::string problems = describe_disagreement(all);
+  const std::string done = prefix + "done";
   // Every rank has read the round once the counter reaches size: the last
-  // reader erases it. (A rank that fails before this leaves it behind; the
-  // job is over then.)
+  // reader erases it (and on a mismatch marks it done). A rank that fails
+  // before this leaves it behind; the job is over then.
   if (store.add(prefix + "read", 1) == size) {
     std::vector<std::string> keys = others;
     keys.push_back(key(rank));
     keys.push_back(prefix + "read");
     store.erase(keys);
+    // The mark comes last: the ranks waiting for it may leave at once, the
+    // Store's host with the Store. (This rank has read everything it reports.)
+    if (!problems.empty()) {
+      try {
+        store.set(done, "read by every rank");
+      } catch (const Error&) {
+      }
+    }
+  } else if (!problems.empty()) {
+    // Leave only once every rank has read (see the header). The mark is
+    // sealed: get() checks that a member wrote it. A wait that fails (the
+    // Store's host left, which it does only after the mark) changes nothing:
+    // this rank has read everything it reports.
+    try {
+      store.wait({done}, timeout);
+      store.get(done);
+    } catch (const Error&) {
+    }
   }
-  const std::string problems = describe_disagreement(all);
-  if (!problems.empty())
-    GZ_THROW(InvalidArgument, "allreduce: the ranks disagree on the call (every rank must pass the same values):",
-             problems);
+  if (!problems.empty()) GZ_THROW(InvalidArgument, words.mismatch, problems);
 }
 
 }  // namespace gz

@@ -44,6 +44,8 @@ void check_available(TransportKind kind) {
              " transport (configure with GRADZIP_", kind == TransportKind::Ucx ? "UCX" : "NCCL", "=ON)");
 }
 
+}  // namespace
+
 // The key that tags the values of a communicator over a store gradzip did not
 // open (torch's): GRADZIP_JOB_TOKEN when set; else one rank 0 draws and
 // shares through that store. The shared key keeps other jobs' values and
@@ -58,8 +60,6 @@ std::string shared_job_key(Store& store, const std::string& prefix, int rank, Ti
   if (rank == 0) store.set(key, crypto::to_hex(crypto::random_bytes(32)));
   return store.get(key, timeout);
 }
-
-}  // namespace
 
 std::unique_ptr<Communicator> Communicator::from_env(TransportKind kind, const CommunicatorOptions& options) {
   const RankInfo info = rank_info_from_env();

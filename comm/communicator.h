@@ -56,6 +56,12 @@ struct AllreduceCall {
   AllreduceStats* stats = nullptr;   ///< [out] optional
 };
 
+/// The key that tags the values gradzip puts in a store it did not open
+/// (torch's): GRADZIP_JOB_TOKEN's when set, else one rank 0 draws and
+/// shares at `prefix`/job-key (which keeps other jobs and blind writers out,
+/// not a stranger who can read that store). Collective.
+std::string shared_job_key(Store& store, const std::string& prefix, int rank, Timeout timeout);
+
 class Communicator {
  public:
   /// Rendezvous from the torchrun variables (rank_info_from_env) and

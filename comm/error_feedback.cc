@@ -122,13 +122,21 @@ void ErrorFeedback::restore(std::string_view saved) {
   bytes::Reader head(saved);
   if (read<std::uint32_t>(head, "magic") != kStateMagic) malformed("not a saved error feedback state (bad magic)");
   const auto version = read<std::uint32_t>(head, "version");
-  if (version != kStateVersion)
-    malformed("version " + std::to_string(version) + "; this build reads version " + std::to_string(kStateVersion) +
-              (version == 1 ? " (version 1 had no checksum: save it again with this build)" : ""));
-  if (saved.size() < head.pos() + kChecksumBytes) malformed("truncated: no checksum");
-  const std::string_view body = saved.substr(0, saved.size() - kChecksumBytes);
-  bytes::Reader tail(saved.substr(body.size()));
-  if (tail.get<std::uint64_t>() != checksum64(body)) malformed("checksum mismatch (the bytes were damaged)");
+  // Version 1 (AllreduceState's, before the checksum) is the same layout
+  // without the checksum: every field is still checked against its limits
+  // and the residuals for finiteness; only damage that keeps them valid
+  // goes unnoticed.
+  const bool v1 = version == 1;
+  if (version != kStateVersion && !v1)
+    malformed("version " + std::to_string(version) + "; this build reads versions 1 and " +
+              std::to_string(kStateVersion));
+  std::string_view body = saved;
+  if (!v1) {
+    if (saved.size() < head.pos() + kChecksumBytes) malformed("truncated: no checksum");
+    body = saved.substr(0, saved.size() - kChecksumBytes);
+    bytes::Reader tail(saved.substr(body.size()));
+    if (tail.get<std::uint64_t>() != checksum64(body)) malformed("checksum mismatch (the bytes were damaged)");
+  }
 
   bytes::Reader in(body);
   in.raw(head.pos());
@@ -139,9 +147,11 @@ void ErrorFeedback::restore(std::string_view saved) {
   l.rank = read<std::uint32_t>(in, "rank");
   l.world = read<std::uint32_t>(in, "world size");
   const auto algo = read<std::uint8_t>(in, "algorithm");
-  if (algo != static_cast<std::uint8_t>(Algorithm::Allgather) && algo != static_cast<std::uint8_t>(Algorithm::ScatterReduce) &&
-      algo != static_cast<std::uint8_t>(Algorithm::Hierarchical) && algo != static_cast<std::uint8_t>(Algorithm::ReduceScatter))
-    malformed("unknown algorithm " + std::to_string(int{algo}));
+  const bool flat = algo == static_cast<std::uint8_t>(Algorithm::Allgather) ||
+                    algo == static_cast<std::uint8_t>(Algorithm::ScatterReduce);
+  if (!flat && (v1 || (algo != static_cast<std::uint8_t>(Algorithm::Hierarchical) &&
+                       algo != static_cast<std::uint8_t>(Algorithm::ReduceScatter))))
+    malformed("unknown algorithm " + std::to_string(int{algo}) + (v1 ? " for version 1" : ""));
   l.algorithm = static_cast<Algorithm>(algo);
   l.worker_count = read<std::uint64_t>(in, "worker count");
   l.server_count = read<std::uint64_t>(in, "server count");

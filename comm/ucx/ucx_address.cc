@@ -2,6 +2,7 @@
 
 #include "comm/peer_blob.h"
 #include "comm/ucx/ucx_check.h"
+#include "comm/ucx/worker_address.h"
 #include "common/error.h"
 
 namespace gz {
@@ -30,8 +31,11 @@ std::vector<std::string> exchange_worker_addresses(Store& store, ucp_worker_h wo
     }
     all[static_cast<std::size_t>(r)] =
         parse_peer_blob(kUcxAddressMagic, r, kMaxUcxAddressBytes, framed, "UCX worker address", rank);
-    if (all[static_cast<std::size_t>(r)].empty())
-      GZ_THROW(IoError, "rank ", rank, ": the UCX worker address of rank ", r, " is empty");
+    // Framed and checksummed is not yet an address UCX can read: UCX asserts
+    // on a layout it does not expect (worker_address.h).
+    if (const std::string why = check_worker_address(all[static_cast<std::size_t>(r)], mine); !why.empty())
+      GZ_THROW(IoError, "rank ", rank, ": the UCX worker address of rank ", r, " is not valid (", why,
+               "); a rank of another job, UCX version or configuration, or a stranger, wrote it");
   }
   return all;
 }

@@ -204,7 +204,13 @@ class ErrorFeedback:
         spec, n, residual, step = state.get("codec"), state.get("n"), state.get("residual"), state.get("step", 0)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InvalidArgument(f"ErrorFeedback state_dict has an invalid step {step!r}")
-        if not isinstance(n, int) or residual is None or _arrays.numel(residual) != n:
+        if not (_arrays.is_torch(residual) or isinstance(residual, np.ndarray)):
+            raise InvalidArgument(f"ErrorFeedback state_dict: 'residual' must be a tensor or numpy array, got "
+                                  f"{type(residual).__name__}")
+        if _arrays.dtype_name(residual) != "float32":
+            raise InvalidArgument(f"ErrorFeedback state_dict: the residual is {_arrays.dtype_name(residual)}, "
+                                  f"not float32")
+        if not isinstance(n, int) or isinstance(n, bool) or _arrays.numel(residual) != n:
             raise InvalidArgument("ErrorFeedback state_dict is inconsistent: 'n' does not match the residual")
         if not isinstance(spec, str):
             raise InvalidArgument(f"ErrorFeedback state_dict: 'codec' must be a spec string, got {type(spec).__name__}")
@@ -273,8 +279,28 @@ def _role_of(state: Any) -> Optional[str]:
     else:
         raise InvalidArgument(f"not an ErrorFeedback state_dict (version {version!r}; this build reads "
                               f"version {_VERSION}, and 1 with 'codec' or 'data')")
-    if (role == CODEC and state.get("codec") is None) or (role == COLLECTIVE and state.get("data") is None):
+    if version == 1:
+        # Version 1 wrote an unbound state as its fields set to None.
+        if (role == CODEC and state.get("codec") is None) or (role == COLLECTIVE and state.get("data") is None):
+            return None
+        return role
+    # Version 2 names its role: a dict must hold exactly that role's fields,
+    # so that residuals are never dropped as "unbound" (a dict of one role
+    # labelled as the other, or with its data missing).
+    held = sorted(k for k, v in state.items() if k not in ("version", "role") and v is not None)
+    if role is None:
+        if held:
+            raise InvalidArgument(f"ErrorFeedback state_dict: role None (an unbound state) holds nothing, but "
+                                  f"this one has {', '.join(map(str, held))}")
         return None
+    need, other = (("codec", "n", "residual"), ("data",)) if role == CODEC else (("data",), ("codec", "n", "residual"))
+    missing = [k for k in need if state.get(k) is None]
+    wrong = [k for k in other if k in held]
+    if missing or wrong:
+        raise InvalidArgument(
+            f"ErrorFeedback state_dict of role '{role}' " + (f"lacks {', '.join(missing)}" if missing else "") +
+            (" and " if missing and wrong else "") +
+            (f"holds {', '.join(wrong)} of the other role" if wrong else "") + " (a damaged or mislabelled dict)")
     return role
 
 

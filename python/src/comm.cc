@@ -28,6 +28,8 @@
 #include "py_transport.h"
 #include "comm/allreduce.h"
 #include "comm/communicator.h"
+#include "comm/store/prefix_store.h"
+#include "comm/store/sealed_store.h"
 #include "common/error.h"
 
 namespace nb = nanobind;
@@ -357,6 +359,25 @@ void bind_comm(nb::module_& m) {
         [](const std::vector<gz::Fields>& all) { return gz::describe_disagreement(all); }, nb::arg("fields_by_rank"),
         "The agreement's mismatch report for every rank's (name, value) fields; '' when all agree\n"
         "(the DDP hook's agreement reports with it).");
+  m.def("_agree_through_store",
+        [](nb::object store, const std::string& prefix, std::uint64_t index, int rank, int size,
+           const gz::Fields& fields, std::optional<double> timeout_s, const std::string& round,
+           const std::string& mismatch) {
+          const gz::Timeout timeout = to_timeout(timeout_s);
+          auto py = std::make_shared<PyStore>(std::move(store), timeout);
+          nb::gil_scoped_release release;
+          // Sealed as a communicator's values are (sealed_store.h), with a key
+          // of this round's own when there is no token.
+          const std::string round_prefix = prefix + "/" + std::to_string(index);
+          auto sealed = std::make_shared<gz::SealedStore>(py, gz::shared_job_key(*py, round_prefix, rank, timeout));
+          gz::PrefixStore prefixed(round_prefix, sealed);
+          gz::agree(prefixed, index, rank, size, fields, timeout, gz::AgreeWords{round, mismatch});
+        },
+        nb::arg("store"), nb::arg("prefix"), nb::arg("index"), nb::arg("rank"), nb::arg("size"), nb::arg("fields"),
+        nb::arg("timeout"), nb::arg("round"), nb::arg("mismatch"),
+        "gradzip's agreement (comm/agreement.h) through a torch.distributed store, every value sealed with\n"
+        "the job's key: InvalidArgument on every rank on a mismatch, IoError when a rank does not take part\n"
+        "within the timeout or a value is not a member's (the DDP hook's agreement).");
   m.def("_default_timeout_s", [] { return static_cast<double>(gz::default_timeout().count()) / 1000.0; },
         "GRADZIP_TIMEOUT_S in seconds (default 60), as the communicator reads it.");
   m.def("transport_available", [](std::string_view t) { return gz::transport_available(gz::parse_transport_kind(t)); },

@@ -11,12 +11,54 @@
 #include "comm/peer_blob.h"
 #include "comm/store/store_handshake.h"
 #include "comm/store/store_protocol.h"
+#include "comm/ucx/worker_address.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
 #include "common/error.h"
+#include "tests/fuzz/ucx_address_samples.h"
 
 namespace gz {
 namespace {
+
+using test::kUcxAddressV1All;
+using test::kUcxAddressV1Named;
+using test::kUcxAddressV1Tcp;
+using test::kUcxAddressV2Tcp;
+
+// Real addresses of UCX 1.13.1 pass; what a member of another version or
+// configuration, or a damaged one, would hand ucp_ep_create does not.
+TEST(UcxWorkerAddress, TakesRealAddressesAndRefusesWhatUcxCannotRead) {
+  for (const std::string* own : {&kUcxAddressV1Tcp, &kUcxAddressV2Tcp, &kUcxAddressV1All, &kUcxAddressV1Named}) {
+    EXPECT_EQ(check_worker_address(*own, *own), "");
+    for (std::size_t k = 0; k < own->size(); ++k)
+      EXPECT_NE(check_worker_address(own->substr(0, k), *own), "") << "truncated to " << k;
+    EXPECT_NE(check_worker_address(*own + "x", *own), "");
+    for (unsigned v = 2; v < 16; ++v) {  // UCX asserts on any version but v1 and v2
+      std::string bad = *own;
+      bad[0] = static_cast<char>((bad[0] & 0xf0) | v);
+      EXPECT_NE(check_worker_address(bad, *own).find("neither v1 nor v2"), std::string::npos);
+    }
+  }
+  // Other addresses of the same version and configuration pass.
+  EXPECT_EQ(check_worker_address(kUcxAddressV1All, kUcxAddressV1Tcp), "");
+  EXPECT_EQ(check_worker_address(kUcxAddressV1Named, kUcxAddressV1Tcp), "");
+  EXPECT_NE(check_worker_address(kUcxAddressV2Tcp, kUcxAddressV1Tcp).find("UCX_ADDRESS_VERSION"), std::string::npos);
+  EXPECT_NE(check_worker_address(kUcxAddressV1Tcp, kUcxAddressV2Tcp).find("UCX_ADDRESS_VERSION"), std::string::npos);
+  // Every single-bit flip is either refused or still walks to the end (a
+  // flip inside an address or attribute is UCX's to judge).
+  for (std::size_t i = 0; i < kUcxAddressV1Tcp.size(); ++i)
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bad = kUcxAddressV1Tcp;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      if (check_worker_address(bad, kUcxAddressV1Tcp).empty()) {
+        EXPECT_EQ(check_worker_address(bad, bad), "");
+      }
+    }
+  // An interface length that claims endpoint addresses (a worker address has none).
+  std::string ep = kUcxAddressV1Tcp;
+  ep[47] = static_cast<char>(ep[47] | 0x40);  // the first interface's length byte
+  EXPECT_NE(check_worker_address(ep, kUcxAddressV1Tcp), "");
+}
 
 std::string hex(const crypto::Digest& d) { return crypto::to_hex(crypto::as_bytes(d)); }
 

@@ -14,6 +14,7 @@
 #include "comm/store/store_protocol.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
+#include "tests/fuzz/ucx_address_samples.h"
 
 namespace {
 
@@ -84,7 +85,9 @@ int main(int argc, char** argv) {
        write(r, "refused", 3, gz::store_hs::encode_refusal("this store belongs to another job")) &&
        write(r, "fields", 4, gz::encode_fields({{"codec", "onebit:block=512"}, {"n", "1000"}, {"op", "avg"}})) &&
        write(r, "sealed", 5, gz::seal_value("fuzz-job-key", "gradzip/agree/0/1", "fields")) &&
-       write(r, "blob", 6, gz::frame_peer_blob(gz::kUcxAddressMagic, 1, std::string(200, 'u')));
+       write(r, "blob", 6, gz::frame_peer_blob(gz::kUcxAddressMagic, 1, std::string(200, 'u'))) &&
+       write(r, "ucx_v1_tcp", 7, gz::test::kUcxAddressV1Tcp) && write(r, "ucx_v1_all", 7, gz::test::kUcxAddressV1All) &&
+       write(r, "ucx_v1_named", 7, gz::test::kUcxAddressV1Named) && write(r, "ucx_v2_tcp", 15, gz::test::kUcxAddressV2Tcp);
   // Saved states: byte 0 even (the fuzzer fixes the checksum) and odd (as is).
   ok = ok && write(st, "onebit_allgather", 0, saved("onebit", 40, 0, 1, 1, 40, 0)) &&
        write(st, "topk_scatter", 1, saved("topk:density=0.1", 10, 1, 3, 2, 10, 3)) &&

@@ -6,6 +6,8 @@
 //   4  agreement fields (decode_fields)
 //   5  a sealed value (unseal_value)
 //   6  a peer blob (a UCX worker address frame, NCCL's id)
+//   7  a UCX worker address (check_worker_address, against a real v1 or v2
+//      address of this rank: byte 0's bit 3 picks which)
 // Contract: no crash, no out-of-bounds read (ASan), no undefined behaviour
 // (UBSan); malformed input is refused (nullopt or IoError); and what a
 // parser accepts re-encodes to exactly the bytes it was given, so nothing
@@ -20,8 +22,10 @@
 #include "comm/store/sealed_store.h"
 #include "comm/store/store_handshake.h"
 #include "comm/store/store_protocol.h"
+#include "comm/ucx/worker_address.h"
 #include "common/bytes.h"
 #include "common/error.h"
+#include "tests/fuzz/ucx_address_samples.h"
 
 namespace {
 
@@ -64,7 +68,7 @@ std::string reencode(const gz::store_proto::Request& q) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1) return 0;
   const std::string in(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 7) {
+  switch (data[0] % 8) {
     case 0:
       if (const auto q = gz::store_proto::parse_request(in)) {
         for (auto k : q->keys) check(!k.empty() && k.size() <= gz::store_proto::kMaxKey);
@@ -101,6 +105,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       } catch (const gz::IoError&) {
       }
       break;
+    case 7: {
+      // An address the check takes walks to its end under this rank's
+      // layout, so it also passes as a rank's own address.
+      const std::string& own = data[0] & 8 ? gz::test::kUcxAddressV2Tcp : gz::test::kUcxAddressV1Tcp;
+      if (gz::check_worker_address(in, own).empty()) check(gz::check_worker_address(in, in).empty());
+      break;
+    }
   }
   return 0;
 }

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -161,6 +163,75 @@ TEST(Launcher, RejectsBadUsage) {
   EXPECT_EQ(uneven.code, 2);
   EXPECT_NE(uneven.output.find("not a multiple of --ranks-per-node 2"), std::string::npos) << uneven.output;
   EXPECT_EQ(run("-n 2 --link 1gbit --ranks-per-node 0 -- true").code, 2);
+}
+
+// A rank that fails while a process it started with setsid (outside its
+// process group, so outside the launcher's reach) holds its output: the
+// launcher ends the job at once instead of waiting for that process (it
+// waited as long as the process ran: more than 40 s in the issue).
+TEST(Launcher, AProcessThatLeftTheRanksGroupDoesNotHoldTheJob) {
+  // Each rank waits until its stray has its own session (a SIGKILL to the
+  // rank's group before that would take the stray with it).
+  const RunResult r = run("-n 2 --grace 1 -- sh -c 'setsid sleep 20 & p=$!; i=0; "
+                          "while [ $i -lt 300 ] && [ \"$(cut -d\" \" -f6 /proc/$p/stat 2>/dev/null)\" != $p ]; "
+                          "do i=$((i+1)); sleep 0.01; done; echo \"stray=$p\"; "
+                          "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30'");
+  for (const std::string& pid : lines_with(r.output, "stray=")) ::kill(std::stoi(pid), SIGKILL);
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_LT(r.seconds, 8) << r.output;
+  EXPECT_NE(r.output.find("not waiting for it"), std::string::npos) << r.output;
+}
+
+// --grace takes a finite number of seconds in [0, 3600] (nan and 1e30 were
+// undefined behaviour in the cast to milliseconds, negatives accepted).
+TEST(Launcher, RefusesAGraceThatIsNotASpanOfSeconds) {
+  for (const char* bad : {"nan", "1e30", "-1", "inf", "5s", "''"}) {
+    const RunResult r = run(std::string("-n 1 --grace ") + bad + " -- true");
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.output;
+    EXPECT_NE(r.output.find("--grace must be a number of seconds"), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(run("-n 1 --grace 0.25 -- true").code, 0);
+}
+
+// A 100 MB line is relayed in pieces: the launcher's memory stays bounded
+// (a 200 MB line grew it to 258 MB).
+TEST(Launcher, ALongLineDoesNotGrowTheLauncher) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execl(GZ_RUN_PATH, GZ_RUN_PATH, "-n", "1", "--", "sh", "-c",
+            "head -c 100000000 /dev/zero | tr '\\0' x; echo; echo done", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  rusage ru{};
+  ASSERT_EQ(::wait4(pid, &status, 0, &ru), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_LT(ru.ru_maxrss, 32 * 1024) << "KiB";  // the line is 97,656 KiB
+}
+
+// The job's token: empty or short is refused before any rank starts (an
+// empty --env value ran the job without one); one that looks chosen runs
+// with a warning.
+TEST(Launcher, RefusesAnEmptyOrShortTokenAndWarnsAboutAChosenOne) {
+  for (const char* bad : {"GRADZIP_JOB_TOKEN=", "GRADZIP_JOB_TOKEN=0123456789"}) {
+    const RunResult r = run(std::string("-n 1 --env ") + bad + " -- echo started");
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_EQ(r.output.find("started"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("at least 16 characters"), std::string::npos) << r.output;
+  }
+  for (const char* chosen : {"GRADZIP_JOB_TOKEN=0123456789abcdef", "'GRADZIP_JOB_TOKEN=                '",
+                             "GRADZIP_JOB_TOKEN=aaaaaaaaaaaaaaaaaaaa"}) {
+    const RunResult r = run(std::string("-n 1 --env ") + chosen + " -- echo started");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("warning: --env GRADZIP_JOB_TOKEN"), std::string::npos) << r.output;
+  }
+  const RunResult drawn = run("-n 1 --env GRADZIP_JOB_TOKEN=5f0c9e2a71d4b83e6a0f92c4d17b5e38 -- echo started");
+  EXPECT_EQ(drawn.code, 0) << drawn.output;
+  EXPECT_EQ(drawn.output.find("warning"), std::string::npos) << drawn.output;
 }
 
 }  // namespace

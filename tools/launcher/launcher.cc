@@ -31,6 +31,11 @@ extern "C" void on_signal(int sig) {
   [[maybe_unused]] const auto rc = ::write(g_signal_pipe[1], &b, 1);
 }
 
+// A line longer than this is relayed in pieces of this size, each a line of
+// its own with the prefix: the launcher's memory stays bounded whatever a
+// rank prints.
+constexpr std::size_t kMaxLine = 64 * 1024;
+
 // One output stream of one rank, relayed line by line with its prefix.
 struct Stream {
   int fd = -1;
@@ -40,9 +45,20 @@ struct Stream {
   void relay(const std::string& prefix, const char* data, std::size_t n) {
     partial.append(data, n);
     std::size_t start = 0;
-    for (std::size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    for (;;) {
+      const std::size_t nl = partial.find('\n', start);
+      const std::size_t end = nl == std::string::npos ? partial.size() : nl;
+      if (end - start >= kMaxLine) {  // a piece of a long line
+        std::fputs(prefix.c_str(), out);
+        std::fwrite(partial.data() + start, 1, kMaxLine, out);
+        std::fputc('\n', out);
+        start += kMaxLine;
+        continue;
+      }
+      if (nl == std::string::npos) break;
       std::fputs(prefix.c_str(), out);
       std::fwrite(partial.data() + start, 1, nl + 1 - start, out);
+      start = nl + 1;
     }
     partial.erase(0, start);
     std::fflush(out);
@@ -81,6 +97,11 @@ std::string random_token() {
   return s;
 }
 
+// How long the output of ranks that have all exited is still read: a
+// process a rank left behind outside its group (setsid) may hold the pipes
+// for ever.
+constexpr auto kDrainAfterExit = std::chrono::milliseconds(1000);
+
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
@@ -89,6 +110,27 @@ std::string describe_status(int status) {
 }
 
 }  // namespace
+
+std::string weak_token(const std::string& token) {
+  if (token.empty()) return "empty";
+  if (token.size() < kMinTokenChars) return std::to_string(token.size()) + " characters long";
+  for (const char c : token)
+    if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) return "holds whitespace or control characters";
+  bool seen[256] = {};
+  std::size_t distinct = 0, steps = 0;
+  for (std::size_t i = 0; i < token.size(); ++i) {
+    const auto c = static_cast<unsigned char>(token[i]);
+    distinct += !seen[c];
+    seen[c] = true;
+    if (i > 0) {
+      const int d = static_cast<int>(c) - static_cast<unsigned char>(token[i - 1]);
+      steps += d == 1 || d == -1;
+    }
+  }
+  if (distinct < 8) return "has only " + std::to_string(distinct) + " distinct characters";
+  if (4 * steps >= 3 * (token.size() - 1)) return "is mostly a run of consecutive characters";
+  return {};
+}
 
 int free_port(const std::string& host) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -239,12 +281,27 @@ int launch(const LaunchOptions& o, Placement& placement) {
 
   std::size_t running = ranks.size();
   bool killed = false;
-  while (running > 0 || [&] {
+  Clock::time_point all_exited{};  // when the last rank exited
+  auto open_streams = [&] {
     for (auto& rk : ranks)
       for (auto& s : rk.streams)
         if (s.fd >= 0) return true;
     return false;
-  }()) {
+  };
+  while (running > 0 || open_streams()) {
+    if (running == 0) {
+      if (all_exited == Clock::time_point{}) all_exited = Clock::now();
+      if (Clock::now() - all_exited >= kDrainAfterExit) {
+        // Every rank is gone; what still holds a pipe left the rank's
+        // process group (setsid): stop reading, keep what was printed.
+        for (std::size_t r = 0; r < ranks.size(); ++r)
+          for (auto& s : ranks[r].streams)
+            if (s.fd >= 0) s.finish("[" + std::to_string(r) + "] ");
+        std::fprintf(stderr, "gradzip-run: every rank exited, but a process they started outside their process "
+                             "group still holds their output; not waiting for it\n");
+        break;
+      }
+    }
     std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
     std::vector<std::pair<std::size_t, int>> who;
     for (std::size_t r = 0; r < ranks.size(); ++r)

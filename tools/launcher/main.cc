@@ -1,4 +1,5 @@
 // gradzip-run -n N [--link RATE[,DELAY] [--ranks-per-node M]] [--port P] [--grace S] [--env K=V] -- CMD ARGS...
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,8 +28,11 @@ void usage(FILE* f) {
       "\n"
       "  -n, --nproc N      number of ranks (required)\n"
       "  --port P           MASTER_PORT (default: a free port)\n"
-      "  --grace SECONDS    time between SIGTERM and SIGKILL (default 5)\n"
-      "  --env KEY=VALUE    extra environment for every rank (repeatable)\n"
+      "  --grace SECONDS    time between SIGTERM and SIGKILL, 0..3600 (default 5)\n"
+      "  --env KEY=VALUE    extra environment for every rank (repeatable). A GRADZIP_JOB_TOKEN given\n"
+      "                     here or in the environment must have at least 16 characters (an empty\n"
+      "                     one is refused); one that looks chosen (few distinct characters, a run\n"
+      "                     like 0123456789abcdef, whitespace) is warned about\n"
       "\n"
       "Emulated cluster (root and iproute2 needed):\n"
       "  --link RATE[,DELAY]  each rank in its own network namespace, joined to a switch\n"
@@ -60,6 +64,17 @@ int parse_int(const char* s, const char* what) {
   return static_cast<int>(v);
 }
 
+// Seconds between SIGTERM and SIGKILL: a finite number in [0, 3600].
+std::chrono::milliseconds parse_grace(const char* s) {
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (!*s || *end || !std::isfinite(v) || v < 0 || v > 3600) {
+    std::fprintf(stderr, "gradzip-run: --grace must be a number of seconds in [0, 3600], got '%s'\n", s);
+    std::exit(2);
+  }
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(v * 1000)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,7 +101,7 @@ int main(int argc, char** argv) {
     } else if (a == "--port") {
       o.port = parse_int(value("--port"), "--port");
     } else if (a == "--grace") {
-      o.grace = std::chrono::milliseconds(static_cast<long long>(std::atof(value("--grace")) * 1000));
+      o.grace = parse_grace(value("--grace"));
     } else if (a == "--env") {
       const std::string kv = value("--env");
       const auto eq = kv.find('=');
@@ -137,6 +152,29 @@ int main(int argc, char** argv) {
   if (o.ranks < 1 || o.command.empty()) {
     usage(stderr);
     return 2;
+  }
+  // The token the job will run with, when the user gives one: refused when
+  // empty or shorter than the ranks accept (16 characters), warned about when
+  // it looks chosen rather than drawn (docs/comm.md, "Trust").
+  {
+    const auto given = o.env.find("GRADZIP_JOB_TOKEN");
+    const char* from_env = std::getenv("GRADZIP_JOB_TOKEN");
+    const bool set = given != o.env.end() || (from_env && *from_env);
+    const std::string token = given != o.env.end() ? given->second : (from_env ? from_env : "");
+    const char* where = given != o.env.end() ? "--env GRADZIP_JOB_TOKEN" : "GRADZIP_JOB_TOKEN";
+    if (set) {
+      if (const std::string why = gz::launcher::weak_token(token); !why.empty()) {
+        if (token.size() < gz::launcher::kMinTokenChars) {
+          std::fprintf(stderr, "gradzip-run: %s is %s; give at least %zu characters of random data "
+                               "(e.g. $(head -c16 /dev/urandom | xxd -p)), or leave it unset for a fresh one\n",
+                       where, why.c_str(), gz::launcher::kMinTokenChars);
+          return 2;
+        }
+        std::fprintf(stderr, "gradzip-run: warning: %s %s: it looks chosen, not drawn, and a stranger who guesses "
+                             "it can join the job (e.g. $(head -c16 /dev/urandom | xxd -p), or leave it unset "
+                             "for a fresh one)\n", where, why.c_str());
+      }
+    }
   }
   if (link.empty() && (!mtu.empty() || !burst.empty() || per_node)) {
     std::fprintf(stderr, "gradzip-run: --mtu, --burst and --ranks-per-node shape --link; give --link too\n");

@@ -12,27 +12,29 @@ on every rank, naming each differing setting and which ranks hold which
 value; a rank that never calls the hook makes the others raise
 :class:`gradzip.IoError` within ``GRADZIP_TIMEOUT_S``.
 
-How: through torch's rendezvous store, the one every process group of the
-job shares (``from_torch`` meets there too). Every rank calls it
-identically, whatever its settings; each waits for the others' records with
-the timeout, so it is bounded on every backend (a collective on an NCCL
-group could not be bounded from here) and touches no CUDA stream. Each rank
-compares its own settings, as it was built, with the others' records, and
-the last rank to read a round deletes it.
+How: gradzip's agreement (comm/agreement.h) through torch's rendezvous
+store, the one every process group of the job shares (``from_torch`` meets
+there too). Every rank calls it identically, whatever its settings; each
+waits for the others' records with the timeout, so it is bounded on every
+backend (a collective on an NCCL group could not be bounded from here) and
+touches no CUDA stream. Each rank compares its own settings, as it was
+built, with the others' records. The records are sealed like every value
+gradzip puts in a store (sealed_store.h: tagged with the job's key), so a
+stranger on torch's store, which has no authentication, can neither invent a
+mismatch nor hide one; and no rank raises before every rank has read the
+round, so each rank reports the mismatch itself rather than a lost store.
 """
 
-import datetime
 import hashlib
 import itertools
-import json
-from typing import Any, Dict, List, Tuple
+import re
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
 from .. import _core
-from .._core import InvalidArgument, IoError
 
-_rounds: Dict[Tuple[int, ...], "itertools.count[int]"] = {}
+_rounds: Dict[Tuple[str, Tuple[int, ...]], "itertools.count[int]"] = {}
 
 
 def _fields(state: Any, bucket: Any) -> List[Tuple[str, str]]:
@@ -55,47 +57,25 @@ def check(state: Any, bucket: Any) -> None:
     """Compares this rank's hook settings with every other rank's (collective
     over the state's process group). Raises InvalidArgument on a mismatch,
     IoError when a rank does not take part within GRADZIP_TIMEOUT_S."""
-    group = state.process_group
-    ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
-    me, size = dist.get_rank(group), len(ranks)
-    mine = _fields(state, bucket)
-    if size > 1:
-        everyone = _exchange(mine, ranks, me, size)
-        report = _core._describe_disagreement(everyone)
-        if report:
-            raise InvalidArgument(
-                "gradzip DDP hook: the ranks' hooks differ (build the model and CompressionState the same way "
-                "on every rank, and restore the hook's state_dict on all of them or none):" + report)
+    agree(state.process_group, _fields(state, bucket), "hook", "the DDP hook's agreement (its first call)",
+          "gradzip DDP hook: the ranks' hooks differ (build the model and CompressionState the same way on every "
+          "rank, and restore the hook's state_dict on all of them or none):")
 
 
-def _exchange(mine: List[Tuple[str, str]], ranks: Tuple[int, ...], me: int, size: int) -> List[List[Tuple[str, str]]]:
+def agree(group: Any, fields: List[Tuple[str, str]], who: str, round: str, mismatch: str,
+          timeout: Optional[float] = None) -> None:
+    """gradzip's agreement on `fields` over `group`'s ranks (None: WORLD),
+    through torch's store, sealed; `who` names the caller's rounds ("hook",
+    "fsdp"), `round` and `mismatch` its messages; `timeout` in seconds (None:
+    GRADZIP_TIMEOUT_S). Collective."""
     from torch.distributed import distributed_c10d as c10d
 
-    store = c10d._get_default_store()
-    timeout = _core._default_timeout_s()
-    counter = _rounds.setdefault(ranks, itertools.count())
-    prefix = f"gradzip/hook-agree/{'.'.join(map(str, ranks))}/{next(counter)}/"
-    store.set(prefix + str(me), json.dumps(mine))
-    others = [prefix + str(r) for r in range(size) if r != me]
+    ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+    if len(ranks) <= 1:
+        return
+    counter = _rounds.setdefault((who, ranks), itertools.count())
     try:
-        store.wait(others, datetime.timedelta(seconds=timeout))
-    except Exception as e:  # torch raises its own store errors on timeout
-        missing = [k.rsplit("/", 1)[1] for k in others if not store.check([k])]
-        raise IoError(
-            f"rank {me}: the DDP hook's first call did not meet ranks {', '.join(missing) or '?'} within "
-            f"{timeout:g} s (GRADZIP_TIMEOUT_S): they did not call the hook (a model without it, or a rank "
-            f"that died or hangs): {e}") from None
-    everyone: List[List[Tuple[str, str]]] = []
-    for r in range(size):
-        if r == me:
-            everyone.append(mine)  # this rank's own settings, never the store's copy
-            continue
-        try:
-            record = json.loads(store.get(prefix + str(r)))
-            everyone.append([(str(k), str(v)) for k, v in record])
-        except (ValueError, TypeError) as e:
-            raise IoError(f"rank {me}: the DDP hook settings rank {r} published are malformed: {e}") from None
-    if store.add(prefix + "read", 1) == size and hasattr(store, "delete_key"):
-        for key in [prefix + str(r) for r in range(size)] + [prefix + "read"]:
-            store.delete_key(key)
-    return everyone
+        _core._agree_through_store(c10d._get_default_store(), f"gradzip/{who}-agree/{'.'.join(map(str, ranks))}",
+                                   next(counter), dist.get_rank(group), len(ranks), fields, timeout, round, mismatch)
+    except _core.InvalidArgument as e:  # the report, without the C++ file:line it was raised at
+        raise _core.InvalidArgument(re.sub(r"^\[[^\]]*\] ", "", str(e))) from None

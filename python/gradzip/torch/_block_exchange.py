@@ -113,11 +113,26 @@ class CommunicatorExchange:
         return [s.state_dict() for s in self._states]
 
     def load_state_dict(self, states: List[Dict[str, Any]]) -> None:
+        self.set_states(self.checked_states(states))
+
+    def checked_states(self, states: List[Dict[str, Any]]) -> List[Any]:
+        """New states loaded from `states` (InvalidArgument, a ValueError, when one is malformed);
+        the ones in use are left as they are."""
+        import gradzip
+
         if len(states) != len(self._states):
             raise ValueError(f"the state_dict holds error feedback for {len(states)} buffers, "
                              f"this BlockMomentum has {len(self._states)}")
-        for s, saved in zip(self._states, states):
+        loaded = []
+        for saved in states:
+            s = gradzip.ErrorFeedback()
             s.load_state_dict(saved)
+            loaded.append(s)
+        return loaded
+
+    def set_states(self, states: List[Any]) -> None:
+        """Uses `states` (from checked_states) from now on."""
+        self._states = list(states)
 
 
 class Background:

@@ -16,15 +16,37 @@ Messages carry this communicator's own tag, so another user of the group's
 point-to-point calls (or a second hook) never takes its messages on gloo;
 on NCCL, which ignores tags, the hook's single worker thread and its
 wait at each step's last bucket keep its calls apart from DDP's.
+Framing (gloo): torch reports no received size, and gloo aborts the process
+when a message is larger than the receive posted for it, and silently leaves
+the rest of a larger receive as it was when a message is shorter. So each
+message travels as two: a 16-byte header (magic, the message's number on
+this pair, its length) under the communicator's tag, then the bytes under a
+tag of their own. A receive posts only the header; once it arrives and the
+length is exactly the receive's size (the algorithms send whole slots,
+comm/transport.h), the body is posted, in header order per peer. gloo moves
+a message's bytes only once its receive is posted, and reports a header's
+arrival only to a wait() on it, so one thread per transport (the poster)
+waits for the headers in the order they were posted and posts each body at
+once: the bodies move while the caller encodes the next segment, as the
+unframed bytes did (waiting for the headers in the caller's wait() cost
+1.5-3x on 2 loopback ranks: BENCHMARKS section 6). Any other
+length, a damaged header or one out of order is an IoError naming the peer,
+and nothing is written into the slot. (NCCL, which takes device buffers
+in place, moves them as they are: its own checks apply.)
+
 BlockMomentum with overlap keeps an exchange in flight for a whole block:
 on gloo the training thread may run its own collectives on the group
 meanwhile (they do not use these tags); on NCCL it must not, or give
 BlockMomentum a group of its own (docs/python.md).
 """
 
+import collections
 import datetime
+import os
+import struct
+import threading
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,6 +54,15 @@ import torch.distributed as dist
 # The tags of the hook's communicators: gloo matches point-to-point messages
 # by (peer, tag), so each communicator keeps to its own.
 _TAG_BASE = 0x475A0000  # "GZ"
+_BODY_TAG_BASE = 0x475B0000  # the bodies of framed messages (gloo), one tag per communicator too
+
+# A framed message's header: u32 magic "GZF1", u32 its number on this
+# (sender, receiver) pair, u64 the body's length; little-endian.
+_FRAME = struct.Struct("<IIQ")
+_FRAME_MAGIC = 0x31465A47
+# A message of the wrong size is still received (into scratch, then
+# dropped) up to twice its receive's size or this, so the pair stays usable.
+_DRAIN_BYTES = 64 << 20
 
 
 class ProcessGroupTransport:
@@ -54,6 +85,24 @@ class ProcessGroupTransport:
         # calls, or its blocking point-to-point calls can deadlock each other.
         self._coalesce = self.device_memory and backend_of is not None and getattr(
             backend_of(torch.device("cuda", self.cuda_device)), "supports_coalescing", False)
+        # Framing (host buffers): the next message number per peer each way,
+        # and per peer the receives whose header is posted and body is not.
+        self._framed = not self.device_memory
+        self.body_tag = _BODY_TAG_BASE + tag
+        self._sent: Dict[int, int] = collections.defaultdict(int)
+        self._received: Dict[int, int] = collections.defaultdict(int)
+        self._waiting: Dict[int, Deque["_FramedRecv"]] = collections.defaultdict(collections.deque)
+        self._drains: List[Tuple[torch.Tensor, Any]] = []  # wrong-size bodies being received, kept alive
+        # The poster: its queue (every framed receive, in posting order), the
+        # condition the callers' waits sleep on, the first error it met (every
+        # receive not yet posted fails with it), and how long it waits for one
+        # header (the longest timeout a wait() was given; a gloo wait that
+        # times out breaks every pair of the group, so never shorter).
+        self._cv = threading.Condition()
+        self._posting: Deque["_FramedRecv"] = collections.deque()
+        self._poster: Optional[threading.Thread] = None
+        self._poster_error: Optional[BaseException] = None
+        self._header_timeout = float(os.environ.get("GRADZIP_TIMEOUT_S", "60") or 60)
 
     def start(self, sends: Sequence[Tuple[int, torch.Tensor]], recvs: Sequence[Tuple[int, torch.Tensor]],
               stream: int) -> List[Any]:
@@ -62,19 +111,120 @@ class ProcessGroupTransport:
                 ops = [dist.P2POp(dist.isend, t, group=self.group, group_peer=p, tag=self.tag) for p, t in sends]
                 ops += [dist.P2POp(dist.irecv, t, group=self.group, group_peer=p, tag=self.tag) for p, t in recvs]
                 return dist.batch_isend_irecv(ops) if ops else []
+            if not self._framed:
+                group, tag = self.group, self.tag
+                works = [group.send([t], p, tag) for p, t in sends]
+                works += [group.recv([t], p, tag) for p, t in recvs]
+                return works
             # gloo: each call posts at once and its I/O thread moves the bytes.
-            group, tag = self.group, self.tag
-            works = [group.send([t], p, tag) for p, t in sends]
-            works += [group.recv([t], p, tag) for p, t in recvs]
-            return works
+            return self._start_framed(sends, recvs)
 
-    def test(self, works: List[Any]) -> bool:
+    def _start_framed(self, sends: Sequence[Tuple[int, torch.Tensor]],
+                      recvs: Sequence[Tuple[int, torch.Tensor]]) -> "_FramedExchange":
+        group = self.group
+        x = _FramedExchange()
+        for p, t in sends:
+            header = torch.tensor(list(_FRAME.pack(_FRAME_MAGIC, self._sent[p], t.numel())), dtype=torch.uint8)
+            self._sent[p] = (self._sent[p] + 1) & 0xFFFFFFFF
+            x.keep.append(header)
+            x.works.append(group.send([header], p, self.tag))
+            if t.numel():
+                x.works.append(group.send([t], p, self.body_tag))
+        with self._cv:
+            for p, t in recvs:
+                header = torch.empty(_FRAME.size, dtype=torch.uint8)
+                r = _FramedRecv(p, t, header, group.recv([header], p, self.tag))
+                self._waiting[p].append(r)
+                self._posting.append(r)
+                x.recvs.append(r)
+            if x.recvs:
+                if self._poster is None:
+                    self._poster = threading.Thread(target=self._post_loop, name=f"gradzip-{self.name}-poster",
+                                                    daemon=True)
+                    self._poster.start()
+                self._cv.notify_all()
+        return x
+
+    def _post_loop(self) -> None:
+        """The poster thread: waits for each framed receive's header in posting
+        order (the GIL released) and posts the bodies whose headers arrived."""
+        while True:
+            with self._cv:
+                while not self._posting:
+                    self._cv.wait()
+                r = self._posting[0]
+            error: Optional[BaseException] = None
+            try:
+                if not r.posted and not r.header_work.wait(datetime.timedelta(seconds=self._header_timeout)):
+                    error = RuntimeError(f"{self.name}: an exchange was aborted")
+            except Exception as e:  # a timeout or a broken pair: every receive behind it fails too
+                error = e
+            with self._cv:
+                if self._posting and self._posting[0] is r:
+                    self._posting.popleft()
+                if error is None and not r.posted:
+                    try:
+                        self._post_bodies(r.peer)
+                    except Exception as e:
+                        error = e
+                if error is not None and self._poster_error is None:
+                    self._poster_error = error
+                self._cv.notify_all()
+
+    def _post_bodies(self, peer: int) -> None:
+        """Posts, in order, the bodies of `peer`'s receives whose header arrived
+        (the poster waited for it); IoError for a bad header. Under self._cv."""
+        queue = self._waiting[peer]
+        while queue:
+            r = queue[0]
+            if not r.header_work.is_completed():
+                return
+            magic, number, length = _FRAME.unpack(r.header.numpy().tobytes())
+            expected = self._received[peer]
+            if magic != _FRAME_MAGIC or number != expected:
+                raise _FramingError(f"rank {self.rank}: {self.name}: the message from rank {peer} is not a gradzip "
+                                    f"frame (message {number} of magic {magic:#x}, expected message {expected}): "
+                                    f"ranks of another gradzip version, or a damaged transport")
+            if length != r.slot.numel():
+                if length <= max(2 * r.slot.numel(), _DRAIN_BYTES):
+                    # Take the body anyway, into scratch that is kept: a send
+                    # gloo never matches would close the pair at its timeout,
+                    # and the whole process group with it.
+                    scratch = torch.empty(length, dtype=torch.uint8)
+                    self._drains.append((scratch, self.group.recv([scratch], peer, self.body_tag)))
+                raise _FramingError(
+                    f"rank {self.rank}: {self.name}: rank {peer} sent {length} bytes where this rank receives "
+                    f"{r.slot.numel()} (message {number}); the slot was left as it was: the ranks run different "
+                    f"gradzip versions or settings, or a rank's transport is damaged")
+            self._received[peer] = (expected + 1) & 0xFFFFFFFF
+            queue.popleft()
+            r.body_work = self.group.recv([r.slot], peer, self.body_tag) if length else None
+            r.posted = True
+
+    def test(self, works: Any) -> bool:
         # gloo reports completion only through wait(): False until then,
         # which costs nothing (its I/O thread progresses on its own).
+        if isinstance(works, _FramedExchange):
+            with self._cv:
+                if not all(r.posted for r in works.recvs):
+                    return False
+            return all(w.is_completed() for w in works.all_works())
         return all(w.is_completed() for w in works)
 
-    def wait(self, works: List[Any], seconds: float) -> None:
+    def wait(self, works: Any, seconds: float) -> None:
         deadline = time.monotonic() + seconds
+        if isinstance(works, _FramedExchange):
+            with self._cv:
+                self._header_timeout = max(self._header_timeout, seconds)
+                for r in works.recvs:
+                    while not r.posted:
+                        if self._poster_error is not None:
+                            raise self._poster_error
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TimeoutError(f"{self.name}: an exchange did not complete within the timeout")
+                        self._cv.wait(left)
+            works = works.all_works()
         for w in works:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -90,6 +240,9 @@ class ProcessGroupTransport:
         # nothing is written after this returns. NCCL cannot cancel one
         # operation; abort its communicators (peers fail at their timeout).
         handles.clear()
+        with self._cv:
+            self._waiting.clear()
+            self._posting.clear()
         if self.device_memory and hasattr(self.group, "abort"):
             self.group.abort()
 
@@ -100,6 +253,36 @@ class ProcessGroupTransport:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: the exchange's stream did not finish within {seconds:g} s")
             time.sleep(0.0002)
+
+
+class _FramingError(RuntimeError):
+    """A framed message that is not what its receive expects (the C++ side makes it an IoError)."""
+
+
+class _FramedRecv:
+    """A receive of the framed protocol: its header's work, then its body's
+    (posted: the header was checked and the body, if any, posted)."""
+
+    __slots__ = ("peer", "slot", "header", "header_work", "body_work", "posted")
+
+    def __init__(self, peer: int, slot: torch.Tensor, header: torch.Tensor, header_work: Any) -> None:
+        self.peer, self.slot, self.header, self.header_work = peer, slot, header, header_work
+        self.body_work: Any = None
+        self.posted = False
+
+
+class _FramedExchange:
+    """What start() returns on the framed path: the send works, the receives."""
+
+    __slots__ = ("works", "recvs", "keep")
+
+    def __init__(self) -> None:
+        self.works: List[Any] = []
+        self.recvs: List[_FramedRecv] = []
+        self.keep: List[torch.Tensor] = []  # header bytes being sent
+
+    def all_works(self) -> List[Any]:
+        return self.works + [r.body_work for r in self.recvs if r.body_work is not None]
 
 
 class _on_stream:

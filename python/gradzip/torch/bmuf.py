@@ -10,6 +10,7 @@ Nesterov momentum on the averaged update) is the same filter with
 """
 
 import contextlib
+import hashlib
 import logging
 import math
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
@@ -383,20 +384,36 @@ class BlockMomentum:
         the model's own ``load_state_dict``; training then continues
         bit-identically.
 
+        Collective: call it on every rank, with the checkpoints of one step.
+        The state is checked before anything is replaced (W, Delta and the
+        update in flight: float32 tensors of the model's size, finite; the
+        counters and the error feedback as saved), then the ranks compare a
+        digest of what must be the same on all of them (W, Delta, the update
+        in flight, the step in the block): ranks restored from different
+        checkpoints, or one rank whose state is refused, raise ValueError on
+        every rank and keep their state. A rank that restores while the
+        others train on fails with IoError within ``GRADZIP_TIMEOUT_S``, as
+        do the others.
+
         Raises:
-            ValueError: the state is not a BlockMomentum state_dict, or was
-                saved for another model size, world size, codec or mode.
+            ValueError: the state is not a valid BlockMomentum state_dict, was
+                saved for another model size, world size, codec or mode, or
+                the ranks' restored states differ.
         """
-        keys = ("config", "hyperparameters", "global", "delta", "pending", "start", "local_steps",
-                "error_feedback", "stats", "local_optimizer")
-        if (not isinstance(state, dict) or state.get("version") != _STATE_VERSION
-                or any(k not in state for k in keys)):
-            raise ValueError(f"not a gradzip BlockMomentum state_dict (version {_STATE_VERSION})")
-        mine = self._structure()
-        for key, value in mine.items():
-            if state["config"].get(key) != value:
-                raise ValueError(f"the state_dict was saved with {key}={state['config'].get(key)!r}, "
-                                 f"this BlockMomentum has {value!r}")
+        try:
+            checked, problem = self._checked(state), None
+        except ValueError as e:
+            checked, problem = None, e
+        digest = "refused" if checked is None else _digest(checked)
+        try:
+            self._exchange.agree("restored state (call load_state_dict on every rank, with the checkpoints of one "
+                                 "step)", {"state digest": digest}, self._global.device)
+        except ValueError:
+            if problem is not None:
+                raise problem from None  # this rank's own reason
+            raise
+        if problem is not None:
+            raise problem
         saved = state["hyperparameters"]
         now = {"block_steps": self.block_steps, "block_momentum": self.block_momentum, "block_lr": self.block_lr}
         if saved != now:
@@ -405,18 +422,54 @@ class BlockMomentum:
         if self._background is not None and self._background.busy:
             self._background.wait()  # an exchange of the state being replaced
         with torch.no_grad():
-            self._global.copy_(state["global"])
-            self._delta.copy_(state["delta"])
-            self._pending = state["pending"] is not None
+            self._global.copy_(checked["global"])
+            self._delta.copy_(checked["delta"])
+            self._pending = checked["pending"] is not None
             if self._pending:
-                self._in_flight.copy_(state["pending"])
+                self._in_flight.copy_(checked["pending"])
             if self.overlap:
-                self._start.copy_(state["start"])
-        self._local_steps = int(state["local_steps"])
-        self._exchange.load_state_dict(state["error_feedback"])
+                self._start.copy_(checked["start"])
+        self._local_steps = checked["local_steps"]
+        self._exchange.set_states(checked["error_feedback"])
         self._stats = _new_stats()
         self._stats.update(state["stats"])
         self.local_optimizer.load_state_dict(state["local_optimizer"])
+
+    def _checked(self, state: Any) -> Dict[str, Any]:
+        """The parts of `state` this object takes, checked (ValueError naming what is wrong)."""
+        keys = ("config", "hyperparameters", "global", "delta", "pending", "start", "local_steps",
+                "error_feedback", "stats", "local_optimizer")
+        if (not isinstance(state, dict) or state.get("version") != _STATE_VERSION
+                or any(k not in state for k in keys)):
+            raise ValueError(f"not a gradzip BlockMomentum state_dict (version {_STATE_VERSION})")
+        config = state["config"]
+        if not isinstance(config, dict):
+            raise ValueError("the state_dict's config is not a dict")
+        for key, value in self._structure().items():
+            if config.get(key) != value:
+                raise ValueError(f"the state_dict was saved with {key}={config.get(key)!r}, "
+                                 f"this BlockMomentum has {value!r}")
+        for key in ("hyperparameters", "stats", "local_optimizer"):
+            if not isinstance(state[key], dict):
+                raise ValueError(f"the state_dict's {key} is not a dict")
+        if any(k not in _new_stats() or not isinstance(v, (int, float)) for k, v in state["stats"].items()):
+            raise ValueError(f"the state_dict's stats must be a dict of {', '.join(_new_stats())}")
+        steps = state["local_steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"the state_dict's local_steps must be an integer >= 0, got {steps!r}")
+        out: Dict[str, Any] = {"local_steps": steps}
+        for key, needed in (("global", True), ("delta", True), ("pending", False), ("start", self.overlap)):
+            t = state[key]
+            if t is None and not needed:
+                out[key] = None
+                continue
+            if key == "pending" and not self.overlap:
+                raise ValueError("the state_dict holds an update in flight, but this BlockMomentum has no overlap")
+            out[key] = _model_tensor(key, t, self._n)
+        if not isinstance(state["error_feedback"], list):
+            raise ValueError("the state_dict's error_feedback is not a list")
+        out["error_feedback"] = self._exchange.checked_states(state["error_feedback"])
+        return out
 
     def close(self) -> None:
         """Waits for an exchange in flight, stops the background thread and
@@ -553,6 +606,26 @@ class BlockMomentum:
                 "algorithm": self.algorithm, "server_codec": self.server_codec,
                 "bucket_elements": self.bucket_elements, "nesterov": self.nesterov,
                 "overlap": self.overlap}
+
+
+def _model_tensor(key: str, t: Any, n: int) -> torch.Tensor:
+    """t, if it is a float32 tensor of n finite values (a state_dict's W, Delta, ...)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (n,):
+        what = (f"a {t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor)
+                else type(t).__name__)
+        raise ValueError(f"the state_dict's {key} must be a float32 tensor of shape ({n},), got {what}")
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"the state_dict's {key} holds NaN or infinite values")
+    return t
+
+
+def _digest(checked: Dict[str, Any]) -> str:
+    """SHA-256 of what every rank holds alike: W, Delta, the update in flight, the step in the block."""
+    h = hashlib.sha256(str(checked["local_steps"]).encode())
+    for key in ("global", "delta", "pending"):
+        t = checked[key]
+        h.update(b"none" if t is None else t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _new_stats() -> Dict[str, Any]:

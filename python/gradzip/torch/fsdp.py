@@ -37,7 +37,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from .. import InvalidArgument
 from ..codec import Codec
-from . import _torch_transport
+from . import _agreement, _torch_transport
 
 __all__ = ["CompressedReduceScatter", "FSDPCompressionState", "register"]
 
@@ -75,7 +75,7 @@ class FSDPCompressionState:
     factors), computed as f x the sum.
     """
 
-    __slots__ = ("codec", "timeout", "_efs", "_comms", "_stats", "_world_size")
+    __slots__ = ("codec", "timeout", "_efs", "_comms", "_stats", "_world_size", "_agreed_ops")
 
     def __init__(self, codec: Union[str, Codec] = "onebit", timeout: Optional[float] = None) -> None:
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
@@ -83,6 +83,7 @@ class FSDPCompressionState:
         self._efs: Dict[str, Any] = {}  # FSDP module name -> gradzip.ErrorFeedback
         self._comms: Dict[int, Any] = {}  # id(process group) -> (group, Communicator)
         self._world_size: Optional[int] = None
+        self._agreed_ops: Dict[str, Any] = {}  # FSDP module name -> (op, factor) the ranks agreed on
         self._stats = _new_stats()
 
     def compression_stats(self) -> Dict[str, float]:
@@ -123,15 +124,23 @@ class FSDPCompressionState:
                              f"{self.codec.spec!r}")
         from .. import ErrorFeedback
 
+        groups, world, stats = state.get("groups"), state.get("world_size"), state.get("stats", {})
+        if not isinstance(groups, dict) or any(not isinstance(k, str) for k in groups):
+            raise ValueError("the state_dict's 'groups' must map FSDP module names to error feedback state_dicts")
+        if world is not None and (not isinstance(world, int) or isinstance(world, bool) or world < 1):
+            raise ValueError(f"the state_dict's world_size must be a positive integer, got {world!r}")
+        if not isinstance(stats, dict) or any(k not in _new_stats() or not isinstance(v, (int, float))
+                                              for k, v in stats.items()):
+            raise ValueError(f"the state_dict's stats must be a dict of {', '.join(_new_stats())}")
         efs = {}
-        for name, saved in state["groups"].items():
+        for name, saved in groups.items():
             ef = ErrorFeedback()
-            ef.load_state_dict(saved)
+            ef.load_state_dict(saved)  # InvalidArgument (a ValueError) when malformed
             efs[name] = ef
         self._efs = efs
-        self._world_size = state.get("world_size")
+        self._world_size = world
         self._stats = _new_stats()
-        self._stats.update(state.get("stats", {}))
+        self._stats.update(stats)
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"codec": self.codec.spec, "timeout": self.timeout, "state": self.state_dict()}
@@ -156,6 +165,16 @@ class FSDPCompressionState:
         if output.dtype != input.dtype:
             raise ValueError(f"reduce-scatter output is {output.dtype}, input {input.dtype}")
         comm = self._communicator(group)
+        if self._agreed_ops.get(name) != (kind, factor):
+            # The factor is applied here, after the C++ collective (which
+            # agrees on the rest): the ranks compare it at the group's first
+            # reduce-scatter, and again whenever it changes.
+            _agreement.agree(group, [("FSDP module", name or "(root)"), ("reduce op", kind),
+                                     ("gradient divide factor", "none" if factor is None else repr(factor))],
+                             "fsdp", "the FSDP reduce-scatter's agreement",
+                             "gradzip FSDP reduce-scatter: the ranks reduce differently (every rank must use the "
+                             "same reduce op and gradient divide factor):", self.timeout)
+            self._agreed_ops[name] = (kind, factor)
         n = input.numel()
         ef = self._residual(name, n, comm.rank, comm.size)
         if input.dtype == torch.float32:

@@ -223,18 +223,29 @@ class CompressionState:
         if saved_world is not None and self._world_size and saved_world != self._world_size:
             raise ValueError(f"the state_dict was saved with world_size={saved_world!r}, this state has "
                              f"{self._world_size!r}")
+        if saved_world is not None and (not isinstance(saved_world, int) or isinstance(saved_world, bool)
+                                        or saved_world < 1):
+            raise ValueError(f"the state_dict's world_size must be a positive integer, got {saved_world!r}")
         segments = []
-        for entry in state["segments"]:
+        for entry in _listed(state, "segments", dict):
+            keys, numels = _listed(entry, "keys", int), _listed(entry, "numels", int)
+            if len(keys) != len(numels) or any(m < 0 for m in numels):
+                raise ValueError("the state_dict's segment keys and numels do not match")
             ef = self._new_ef()  # its load_state_dict checks the residuals (finite, checksummed bytes)
-            ef.load_state_dict(entry["ef"])
-            segments.append(_layout.Segment(entry["keys"], entry["numels"], ef))
-        self._tracker.restore([tuple(s) for s in state["shapes"]], segments)
+            ef.load_state_dict(entry.get("ef"))  # InvalidArgument (a ValueError) when malformed
+            segments.append(_layout.Segment(keys, numels, ef))
+        shapes = [tuple(_listed({"shape": s}, "shape", int)) for s in _listed(state, "shapes", list)]
+        stats = state.get("stats", {})
+        if not isinstance(stats, dict) or any(k not in _new_stats() or not isinstance(v, (int, float))
+                                              for k, v in stats.items()):
+            raise ValueError(f"the state_dict's stats must be a dict of {', '.join(_new_stats())}")
+        self._tracker.restore(shapes, segments)
         if not self._world_size:
             self._saved_world = saved_world
         self._step = int(state["step"])
         self._agreed = False  # the ranks check again that all of them restored
         self._stats = _new_stats()
-        self._stats.update(state.get("stats", {}))
+        self._stats.update(stats)
 
     # -- pickling (frameworks build the state before the process group) ------
 
@@ -313,6 +324,14 @@ class CompressionState:
 
 def _new_stats() -> Dict[str, Any]:
     return {"steps": 0, "dense_bytes": 0, "payload_bytes": 0, "wire_bytes": 0.0}
+
+
+def _listed(d: Dict[str, Any], key: str, kind: type) -> List[Any]:
+    """d[key], a list of `kind`; ValueError naming the key when it is not one."""
+    value = d.get(key) if isinstance(d, dict) else None
+    if not isinstance(value, list) or any(not isinstance(v, kind) or isinstance(v, bool) for v in value):
+        raise ValueError(f"the state_dict's {key!r} must be a list of {kind.__name__}, got {value!r:.80}")
+    return value
 
 
 # Bucket dtypes the hook takes: a model kept in bfloat16 or float16 gives
