@@ -5,9 +5,6 @@ function(gz_project_target target)
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
     # GCC 12 reports impossible overlaps inside std::string's operator+ (GCC bug 105329).
     list(APPEND _cxx_warn -Wno-restrict)
-    # GCC 12's AVX-512 headers read their own `__m512 __Y = __Y;` (_mm512_undefined_ps)
-    # as uninitialised on a CPU with AVX-512 under -march=native (GCC bug 105593).
-    list(APPEND _cxx_warn -Wno-maybe-uninitialized)
   endif()
   if(GRADZIP_WERROR)
     list(APPEND _cxx_warn -Werror)
