@@ -364,19 +364,27 @@ def run(methods: Optional[Sequence[str]] = None, seeds: Sequence[int] = (0,), ra
     RuntimeError if a rank fails and TimeoutError after `timeout` seconds
     (the ranks are killed).
     """
-    import torch.multiprocessing as mp
-
     settings = settings or Settings()
     methods = default_methods() if methods is None else list(methods)
+    return _run_ranks(_worker, "digits", ranks, methods, seeds, settings, timeout)
+
+
+def _run_ranks(worker: Any, name: str, ranks: int, methods: Sequence[str], seeds: Sequence[int], settings: Any,
+               timeout: float) -> List[Dict[str, Any]]:
+    """Runs ``worker(rank, ranks, port, methods, seeds, settings, out_path)`` on
+    `ranks` spawned processes (an experiment's ranks) and returns the JSON list
+    they leave in out_path; TimeoutError after `timeout` s (the ranks are killed)."""
+    import torch.multiprocessing as mp
+
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "results.json")
-        ctx = mp.start_processes(_worker, args=(ranks, _free_port(), list(methods), list(seeds), settings, out_path),
+        ctx = mp.start_processes(worker, args=(ranks, _free_port(), list(methods), list(seeds), settings, out_path),
                                  nprocs=ranks, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
             while not ctx.join(timeout=1.0):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"digits experiment: not done after {timeout:.0f} s")
+                    raise TimeoutError(f"{name} experiment: not done after {timeout:.0f} s")
         finally:
             for p in ctx.processes:
                 if p.is_alive():

@@ -42,7 +42,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -240,7 +239,6 @@ def _adamw(params: Any, settings: Settings) -> Any:
 
 
 def setup(method: str, net: Any, settings: Settings) -> Method:
-    import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -407,26 +405,9 @@ def run(methods: Sequence[str], seeds: Sequence[int] = (0,), ranks: int = 4, set
         timeout: float = 3600.0) -> List[Dict[str, Any]]:
     """Trains every method with every seed on `ranks` local CPU processes; one
     dict per (seed, method) (the fields of :class:`Result`)."""
-    import torch.multiprocessing as mp
+    from .digits import _run_ranks
 
-    from .digits import _free_port
-
-    settings = settings or Settings()
-    with tempfile.TemporaryDirectory() as tmp:
-        out_path = os.path.join(tmp, "results.json")
-        ctx = mp.start_processes(_worker, args=(ranks, _free_port(), list(methods), list(seeds), settings, out_path),
-                                 nprocs=ranks, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"lm experiment: not done after {timeout:.0f} s")
-        finally:
-            for q in ctx.processes:
-                if q.is_alive():
-                    q.kill()
-        with open(out_path) as f:
-            return json.load(f)
+    return _run_ranks(_worker, "lm", ranks, methods, seeds, settings or Settings(), timeout)
 
 
 def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
