@@ -4,12 +4,12 @@
 # each step skips itself when its work is already done.
 #
 #   GZ_BUILD_DIR   build directory (default: build)
-#   GZ_WERROR      ON to make warnings errors (test.sh sets it)
+#   GZ_WERROR      ON to make warnings errors (test.sh sets it); unset: the
+#                  build folder's own setting (OFF for a new one)
 set -euo pipefail
 
 GZ_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GZ_BUILD_DIR="${GZ_BUILD_DIR:-$GZ_ROOT/build}"
-GZ_WERROR="${GZ_WERROR:-OFF}"
 GZ_JOBS="${GZ_JOBS:-$(nproc)}"
 
 gz_log() { printf '\n==> %s\n' "$*"; }
@@ -44,11 +44,18 @@ gz_ccache() {
   fi
 }
 
-# Configures and builds the C++ project (CUDA/NCCL/UCX: AUTO).
+# Configures and builds the C++ project (CUDA/NCCL/UCX: AUTO). A caller that
+# does not set GZ_WERROR keeps the build folder's setting: -Werror is on every
+# compile command, so changing it rebuilds everything (run.sh after test.sh
+# reuses test.sh's build).
 gz_build() {
   gz_ccache
   gz_log "building gradzip in $GZ_BUILD_DIR"
-  cmake -S "$GZ_ROOT" -B "$GZ_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADZIP_WERROR="$GZ_WERROR" \
+  local werror=()
+  if [[ -n "${GZ_WERROR:-}" || ! -f "$GZ_BUILD_DIR/CMakeCache.txt" ]]; then
+    werror=(-DGRADZIP_WERROR="${GZ_WERROR:-OFF}")
+  fi
+  cmake -S "$GZ_ROOT" -B "$GZ_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${werror[@]}" \
         ${GZ_PYTHON:+-DPython3_EXECUTABLE="$GZ_PYTHON"} ${GZ_CMAKE_ARGS:-}
   cmake --build "$GZ_BUILD_DIR" -j "$GZ_JOBS"
 }
@@ -107,7 +114,7 @@ gz_python() {
   local dist="$GZ_BUILD_DIR/dist"
   rm -f "$dist"/gradzip-*.whl
   CMAKE_BUILD_PARALLEL_LEVEL="$GZ_JOBS" "$GZ_PYTHON" -m pip wheel -q --no-build-isolation --no-deps -w "$dist" \
-    "$GZ_ROOT" -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="$GZ_WERROR"
+    "$GZ_ROOT" -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="${GZ_WERROR:-OFF}"
   local wheels=("$dist"/gradzip-*.whl)
   GZ_WHEEL="${wheels[0]}"
   export GZ_WHEEL
