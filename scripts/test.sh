@@ -12,6 +12,13 @@ gz_build
 # The Python package before ctest: the cluster tests import it, and an older
 # install left in the venv would be tested instead of this tree's.
 gz_python
+# The GPU check's prepared folder (Debian packages and wheels, about 8 MB),
+# for its dry run in ctest (gpu_check.dry_run, docs/gpu-check.md).
+if [[ -x "$GZ_BUILD_DIR/bin/gradzip-gpu-tests" ]] &&
+   [[ ! -f "$GZ_ROOT/.gpu/MANIFEST" || "$GZ_ROOT/scripts/gpu-check.sh" -nt "$GZ_ROOT/.gpu/MANIFEST" ]]; then
+  gz_log "preparing .gpu/ for the GPU check's dry run"
+  "$GZ_ROOT/scripts/gpu-check.sh" --prepare
+fi
 gz_log "ctest"
 ctest --test-dir "$GZ_BUILD_DIR" --output-on-failure -j "$GZ_JOBS" --timeout 600
 
