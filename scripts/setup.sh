@@ -104,17 +104,26 @@ gz_python_env() {
 }
 
 # The gradzip wheel, built into $GZ_BUILD_DIR/dist (what `pip install .` builds;
-# incremental in $GZ_BUILD_DIR/python-wheel), then installed into that
-# environment. The file stays for tests/python/test_wheel.py, which installs
-# the same wheel into a fresh venv. Exports GZ_WHEEL.
+# incremental in $GZ_BUILD_DIR-wheel), then installed into that environment.
+# The file stays for tests/python/test_wheel.py, which installs the same wheel
+# into a fresh venv. Exports GZ_WHEEL.
+# The wheel's build folder sits beside the main one, at the same depth: ccache
+# (base_dir) hashes the source and include paths relative to the build folder,
+# so only then does the wheel reuse the main build's objects (same flags)
+# instead of compiling the project, CUDA kernels included, a second time.
 gz_python() {
   [[ -n "${GZ_PYTHON:-}" ]] || gz_python_env
   gz_ccache
   gz_log "building the gradzip wheel (Python package, gradzip-run, gradzip-bench)"
   local dist="$GZ_BUILD_DIR/dist"
   rm -f "$dist"/gradzip-*.whl
+  # The main build's C++ compiler by the same path (scikit-build-core hands
+  # CMake Python's g++ where the main build found c++; ccache keys differ).
+  local cxx
+  cxx="$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' "$GZ_BUILD_DIR/CMakeCache.txt" 2>/dev/null || true)"
   CMAKE_BUILD_PARALLEL_LEVEL="$GZ_JOBS" "$GZ_PYTHON" -m pip wheel -q --no-build-isolation --no-deps -w "$dist" \
-    "$GZ_ROOT" -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="${GZ_WERROR:-OFF}"
+    "$GZ_ROOT" -Cbuild-dir="$GZ_BUILD_DIR-wheel" -Ccmake.define.GRADZIP_WERROR="${GZ_WERROR:-OFF}" \
+    ${cxx:+-Ccmake.define.CMAKE_CXX_COMPILER="$cxx"}
   local wheels=("$dist"/gradzip-*.whl)
   GZ_WHEEL="${wheels[0]}"
   export GZ_WHEEL
