@@ -12,7 +12,9 @@ GZ_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GZ_BUILD_DIR="${GZ_BUILD_DIR:-$GZ_ROOT/build}"
 GZ_JOBS="${GZ_JOBS:-$(nproc)}"
 
-gz_log() { printf '\n==> %s\n' "$*"; }
+# Each step's line says how long the script has run so far (phase times).
+GZ_T0=${GZ_T0:-$SECONDS}
+gz_log() { printf '\n==> [%ds] %s\n' "$((SECONDS - GZ_T0))" "$*"; }
 
 # Debian packages: compilers and build tools, GoogleTest, Google Benchmark,
 # UCX, iproute2 (emulated cluster), clang + libFuzzer runtime (fuzzing).
