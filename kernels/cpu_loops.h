@@ -77,12 +77,14 @@ inline __m256 ef_residual8(__m256 v, __m256 sent) {
 #if defined(__AVX512F__)
 /// 16 elements from p, widened to float (AVX-512 loops).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+// The zero-masking forms (all lanes on): GCC 12's unmasked intrinsics pass an
+// undefined vector that -Wmaybe-uninitialized flags once inlined (-Werror).
 inline __m512 load16(const BFloat16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
 }
 inline __m512 load16(const Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 #endif
 
