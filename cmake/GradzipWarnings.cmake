@@ -6,13 +6,6 @@ function(gz_project_target target)
     # GCC 12 reports impossible overlaps inside std::string's operator+ (GCC bug 105329).
     list(APPEND _cxx_warn -Wno-restrict)
   endif()
-  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13 AND GRADZIP_NATIVE)
-    # GCC 12's AVX-512 intrinsics start from `__m512 __Y = __Y;` (an undefined
-    # vector) and then warn that it may be used uninitialized, inlined into our
-    # 16-bit loads (_mm512_cvtph_ps, _mm512_cvtepu16_epi32): seen on an AVX-512
-    # AMD EPYC with -march=native. The warning is the header's, not ours.
-    list(APPEND _cxx_warn -Wno-maybe-uninitialized)
-  endif()
   if(GRADZIP_WERROR)
     list(APPEND _cxx_warn -Werror)
   endif()
