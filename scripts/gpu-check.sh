@@ -151,6 +151,20 @@ check_prepared() {
     done
   done < <(find "$GPU_DIR/root" "$GPU_DIR/iproute2" -type f \( -name '*.so*' -o -perm -u+x \) -exec sh -c \
              'head -c4 "$1" | grep -q "ELF" && echo "$1"' _ {} \;)
+  # Debian 12's libraries need a glibc at least as new as theirs: the highest
+  # GLIBC_x.y any carried ELF names, against this machine's.
+  local need_glibc have_glibc
+  need_glibc="$(find "$GPU_DIR/root" "$GPU_DIR/iproute2" -type f \( -name '*.so*' -o -perm -u+x \) \
+    -exec readelf -V {} + 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)"
+  have_glibc="$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
+  if [[ -n "$need_glibc" && -n "$have_glibc" ]]; then
+    if [[ "$(printf '%s\n%s\n' "$need_glibc" "$have_glibc" | sort -V | tail -1)" != "$have_glibc" ]]; then
+      echo "the carried libraries need glibc $need_glibc; this machine has $have_glibc"
+      bad=1
+    else
+      echo "glibc: the carried libraries need $need_glibc, this machine has $have_glibc"
+    fi
+  fi
   local w name
   for name in "${WHEELS[@]}"; do
     w=("$GPU_DIR"/wheels/"$name"-*.whl)
