@@ -377,7 +377,7 @@ EOF
       echo
       echo "## Kernels vs device copy (BENCHMARKS.md section 2)"
       echo
-      "$PYTHON" "$GZ_ROOT/scripts/kernels_bench_table.py" "$OUT/kernels-bench.json" 2>&1 | grep -v '^$' | grep -iv 'cpu' | head -60
+      "$PYTHON" "$GZ_ROOT/scripts/kernels_bench_table.py" --cuda "$OUT/kernels-bench.json" 2>&1
     fi
     if [[ -f "$OUT/headline.json" ]]; then
       echo
