@@ -22,6 +22,9 @@ def medians(path):
         if b.get("aggregate_name", "median") != "median":
             continue
         name = b["run_name"] if "run_name" in b else b["name"]
+        # Manually timed (CUDA event) benchmarks carry the time kind in their name.
+        for suffix in ("/manual_time", "/real_time"):
+            name = name[:-len(suffix)] if name.endswith(suffix) else name
         out[name] = b
     return data.get("context", {}), out
 
@@ -68,8 +71,9 @@ def main(path):
 
 
 def cuda_table(path):
-    """The GPU table of BENCHMARKS.md section 2: per codec and n, encode and
-    decode time, GB/s moved and % of the same n's device copy."""
+    """The GPU table of BENCHMARKS.md section 2: per codec and n (float32 and
+    bfloat16 gradients), encode and decode time, GB/s moved and % of the same
+    n's device copy."""
     _, runs = medians(path)
     print("| codec | n | encode us | encode GB/s | % copy | decode us | decode GB/s | % copy |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -82,18 +86,21 @@ def cuda_table(path):
         copy = runs[f"copy_cuda/{n}"]
         rate = copy.get("bytes_per_second", 0)
         print(f"| copy (cudaMemcpy D2D) | {n:,} | {us(copy):.1f} | {rate / 1e9:.0f} | 100% | | | |")
-        codecs = dict.fromkeys(name.split("/")[1] for name in runs
-                               if name.startswith(("encode_cuda/", "decode_cuda/")) and name.endswith(f"/{n}"))
-        for codec in codecs:
-            cells = []
-            for op in ("encode_cuda", "decode_cuda"):
-                b = runs.get(f"{op}/{codec}/{n}")
-                if b is None or "error_message" in b:
-                    cells += ["", "", ""]
-                    continue
-                r = b.get("bytes_per_second", 0)
-                cells += [f"{us(b):.1f}", f"{r / 1e9:.0f}", f"{r / rate:.0%}" if rate else ""]
-            print(f"| {codec} | {n:,} | " + " | ".join(cells) + " |")
+        # float32 gradients, then bfloat16 ones (gradient and output 2 bytes).
+        for family, label in (("_cuda", ""), ("_bf16_cuda", " (bf16)")):
+            codecs = dict.fromkeys(name.split("/")[1] for name in runs
+                                   if name.startswith((f"encode{family}/", f"decode{family}/"))
+                                   and name.endswith(f"/{n}"))
+            for codec in codecs:
+                cells = []
+                for op in (f"encode{family}", f"decode{family}"):
+                    b = runs.get(f"{op}/{codec}/{n}")
+                    if b is None or "error_message" in b:
+                        cells += ["", "", ""]
+                        continue
+                    r = b.get("bytes_per_second", 0)
+                    cells += [f"{us(b):.1f}", f"{r / 1e9:.0f}", f"{r / rate:.0%}" if rate else ""]
+                print(f"| {codec}{label} | {n:,} | " + " | ".join(cells) + " |")
         for name, b in runs.items():
             if name.startswith(f"topk_cuda/{n}/"):
                 print(f"| top-k select (k = {name.split('/')[-1]}) | {n:,} | {us(b):.1f} | "
