@@ -1,13 +1,17 @@
 // Error types thrown by gradzip, and the macros that build their messages.
 //
 // Every message starts with "[file:line]" so a failure names where it was
-// detected. Two families, as in gloo:
+// detected (the file relative to the repository, never the build machine's
+// folders); set_error_locations(false) leaves the location out, as the Python
+// module does for users (docs/python.md). Two families, as in gloo:
 //   - InvalidArgument / PayloadError: the caller's input is wrong (a bad spec
 //     string, mismatched sizes, a malformed payload). Nothing was modified.
 //   - IoError: a peer, the network or a device failed or timed out. Treat the
 //     communicator as broken and rebuild it.
 #pragma once
 
+#include <atomic>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -53,12 +57,37 @@ std::string concat(Args&&... args) {
   return os.str();
 }
 
+inline std::atomic<bool>& error_locations_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// The repository-relative form of __FILE__. Compilers see absolute paths
+// (CMake) or paths relative to the build folder (ccache's base_dir), with the
+// machine's folders in front; this header's own path has the same front, so
+// what precedes "common/error.h" in it is cut from the file's.
+inline const char* source_path(const char* file) {
+  constexpr const char* self = __FILE__;
+  constexpr std::size_t tail = sizeof("common/error.h") - 1;
+  const std::size_t len = std::strlen(self);
+  if (len < tail || std::strcmp(self + len - tail, "common/error.h") != 0) return file;
+  const std::size_t root = len - tail;
+  return std::strncmp(file, self, root) == 0 ? file + root : file;
+}
+
 template <class E, class... Args>
 [[noreturn]] void raise(const char* file, int line, Args&&... args) {
-  throw E(concat("[", file, ":", line, "] ", std::forward<Args>(args)...));
+  if (!error_locations_flag().load(std::memory_order_relaxed)) throw E(concat(std::forward<Args>(args)...));
+  throw E(concat("[", source_path(file), ":", line, "] ", std::forward<Args>(args)...));
 }
 
 }  // namespace detail
+
+/// Whether error messages start with "[file:line] " (on by default). The
+/// Python module turns it off unless GRADZIP_VERBOSE_ERRORS is set or it is a
+/// debug build: an installed wheel's users get the message alone.
+inline void set_error_locations(bool on) { detail::error_locations_flag().store(on, std::memory_order_relaxed); }
+inline bool error_locations() { return detail::error_locations_flag().load(std::memory_order_relaxed); }
 }  // namespace gz
 
 /// Throws `Type` with a "[file:line] ..." message built from the arguments.

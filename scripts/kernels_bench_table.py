@@ -4,6 +4,7 @@
     build/bin/gradzip-kernels-bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \\
         --benchmark_out=kernels.json --benchmark_out_format=json
     python3 scripts/kernels_bench_table.py kernels.json
+    python3 scripts/kernels_bench_table.py --cuda kernels.json   # section 2's GPU table alone
 
 Uses the median of the repetitions. Ratios are against copy (elements per
 second for the CPU benches, bytes moved per second for the CUDA ones) and
@@ -21,6 +22,9 @@ def medians(path):
         if b.get("aggregate_name", "median") != "median":
             continue
         name = b["run_name"] if "run_name" in b else b["name"]
+        # Manually timed (CUDA event) benchmarks carry the time kind in their name.
+        for suffix in ("/manual_time", "/real_time"):
+            name = name[:-len(suffix)] if name.endswith(suffix) else name
         out[name] = b
     return data.get("context", {}), out
 
@@ -66,5 +70,45 @@ def main(path):
                 print(f"| `{name}` | {nth['real_time'] / b['real_time']:.1f}x |")
 
 
+def cuda_table(path):
+    """The GPU table of BENCHMARKS.md section 2: per codec and n (float32 and
+    bfloat16 gradients), encode and decode time, GB/s moved and % of the same
+    n's device copy."""
+    _, runs = medians(path)
+    print("| codec | n | encode us | encode GB/s | % copy | decode us | decode GB/s | % copy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+
+    def us(b):
+        return b["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
+
+    sizes = sorted({int(n.split("/")[-1]) for n in runs if n.startswith("copy_cuda/")})
+    for n in sizes:
+        copy = runs[f"copy_cuda/{n}"]
+        rate = copy.get("bytes_per_second", 0)
+        print(f"| copy (cudaMemcpy D2D) | {n:,} | {us(copy):.1f} | {rate / 1e9:.0f} | 100% | | | |")
+        # float32 gradients, then bfloat16 ones (gradient and output 2 bytes).
+        for family, label in (("_cuda", ""), ("_bf16_cuda", " (bf16)")):
+            codecs = dict.fromkeys(name.split("/")[1] for name in runs
+                                   if name.startswith((f"encode{family}/", f"decode{family}/"))
+                                   and name.endswith(f"/{n}"))
+            for codec in codecs:
+                cells = []
+                for op in (f"encode{family}", f"decode{family}"):
+                    b = runs.get(f"{op}/{codec}/{n}")
+                    if b is None or "error_message" in b:
+                        cells += ["", "", ""]
+                        continue
+                    r = b.get("bytes_per_second", 0)
+                    cells += [f"{us(b):.1f}", f"{r / 1e9:.0f}", f"{r / rate:.0%}" if rate else ""]
+                print(f"| {codec}{label} | {n:,} | " + " | ".join(cells) + " |")
+        for name, b in runs.items():
+            if name.startswith(f"topk_cuda/{n}/"):
+                print(f"| top-k select (k = {name.split('/')[-1]}) | {n:,} | {us(b):.1f} | "
+                      f"{b.get('bytes_per_second', 0) / 1e9:.0f} | | | | |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--cuda":  # only the GPU table (scripts/gpu-check.sh's report)
+        cuda_table(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -4,15 +4,17 @@
 # each step skips itself when its work is already done.
 #
 #   GZ_BUILD_DIR   build directory (default: build)
-#   GZ_WERROR      ON to make warnings errors (test.sh sets it)
+#   GZ_WERROR      ON to make warnings errors (test.sh sets it); unset: the
+#                  build folder's own setting (OFF for a new one)
 set -euo pipefail
 
 GZ_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GZ_BUILD_DIR="${GZ_BUILD_DIR:-$GZ_ROOT/build}"
-GZ_WERROR="${GZ_WERROR:-OFF}"
 GZ_JOBS="${GZ_JOBS:-$(nproc)}"
 
-gz_log() { printf '\n==> %s\n' "$*"; }
+# Each step's line says how long the script has run so far (phase times).
+GZ_T0=${GZ_T0:-$SECONDS}
+gz_log() { printf '\n==> [%ds] %s\n' "$((SECONDS - GZ_T0))" "$*"; }
 
 # Debian packages: compilers and build tools, GoogleTest, Google Benchmark,
 # UCX, iproute2 (emulated cluster), clang + libFuzzer runtime (fuzzing).
@@ -44,11 +46,18 @@ gz_ccache() {
   fi
 }
 
-# Configures and builds the C++ project (CUDA/NCCL/UCX: AUTO).
+# Configures and builds the C++ project (CUDA/NCCL/UCX: AUTO). A caller that
+# does not set GZ_WERROR keeps the build folder's setting: -Werror is on every
+# compile command, so changing it rebuilds everything (run.sh after test.sh
+# reuses test.sh's build).
 gz_build() {
   gz_ccache
   gz_log "building gradzip in $GZ_BUILD_DIR"
-  cmake -S "$GZ_ROOT" -B "$GZ_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADZIP_WERROR="$GZ_WERROR" \
+  local werror=()
+  if [[ -n "${GZ_WERROR:-}" || ! -f "$GZ_BUILD_DIR/CMakeCache.txt" ]]; then
+    werror=(-DGRADZIP_WERROR="${GZ_WERROR:-OFF}")
+  fi
+  cmake -S "$GZ_ROOT" -B "$GZ_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${werror[@]}" \
         ${GZ_PYTHON:+-DPython3_EXECUTABLE="$GZ_PYTHON"} ${GZ_CMAKE_ARGS:-}
   cmake --build "$GZ_BUILD_DIR" -j "$GZ_JOBS"
 }
@@ -97,17 +106,26 @@ gz_python_env() {
 }
 
 # The gradzip wheel, built into $GZ_BUILD_DIR/dist (what `pip install .` builds;
-# incremental in $GZ_BUILD_DIR/python-wheel), then installed into that
-# environment. The file stays for tests/python/test_wheel.py, which installs
-# the same wheel into a fresh venv. Exports GZ_WHEEL.
+# incremental in $GZ_BUILD_DIR-wheel), then installed into that environment.
+# The file stays for tests/python/test_wheel.py, which installs the same wheel
+# into a fresh venv. Exports GZ_WHEEL.
+# The wheel's build folder sits beside the main one, at the same depth: ccache
+# (base_dir) hashes the source and include paths relative to the build folder,
+# so only then does the wheel reuse the main build's objects (same flags)
+# instead of compiling the project, CUDA kernels included, a second time.
 gz_python() {
   [[ -n "${GZ_PYTHON:-}" ]] || gz_python_env
   gz_ccache
   gz_log "building the gradzip wheel (Python package, gradzip-run, gradzip-bench)"
   local dist="$GZ_BUILD_DIR/dist"
   rm -f "$dist"/gradzip-*.whl
+  # The main build's C++ compiler by the same path (scikit-build-core hands
+  # CMake Python's g++ where the main build found c++; ccache keys differ).
+  local cxx
+  cxx="$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' "$GZ_BUILD_DIR/CMakeCache.txt" 2>/dev/null || true)"
   CMAKE_BUILD_PARALLEL_LEVEL="$GZ_JOBS" "$GZ_PYTHON" -m pip wheel -q --no-build-isolation --no-deps -w "$dist" \
-    "$GZ_ROOT" -Cbuild-dir="$GZ_BUILD_DIR/python-wheel" -Ccmake.define.GRADZIP_WERROR="$GZ_WERROR"
+    "$GZ_ROOT" -Cbuild-dir="$GZ_BUILD_DIR-wheel" -Ccmake.define.GRADZIP_WERROR="${GZ_WERROR:-OFF}" \
+    ${cxx:+-Ccmake.define.CMAKE_CXX_COMPILER="$cxx"}
   local wheels=("$dist"/gradzip-*.whl)
   GZ_WHEEL="${wheels[0]}"
   export GZ_WHEEL

@@ -1,5 +1,7 @@
 // CUDA benchmarks: copy_cuda/<n>, encode_cuda/<codec>/<n>,
-// decode_cuda/<codec>/<n>, topk_cuda/<n>/<k>. Each iteration is one call on
+// decode_cuda/<codec>/<n>, encode_bf16_cuda/<codec>/<n> and
+// decode_bf16_cuda/<codec>/<n> (a bfloat16 gradient and output; the residual
+// stays float), topk_cuda/<n>/<k>. Each iteration is one call on
 // one stream, timed with CUDA events around it (manual time), inputs drawn on
 // the device. Without a GPU every one reports "no CUDA device".
 //
@@ -8,12 +10,14 @@
 //   copy_cuda    4n read + 4n written (cudaMemcpyAsync device to device)
 //   encode_cuda  g read, payload written; with EF also r read and written
 //   decode_cuda  payload read, out read and written (topk: only the sent entries)
+//   *_bf16_cuda  the same with 2-byte g and out
 //   topk_cuda    v read once (4n): selection + compaction, no EF
 // For topk the count is the floor, not what the passes really move; its
 // targets are relative to torch (bench/topk_torch.py), not to copy.
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <utility>
 #include <string>
 
 #include "bench_util.h"
@@ -21,6 +25,7 @@
 #include "compressors/codec.h"
 #include "compressors/wire_format.h"
 #include "kernels/cuda.h"
+#include "kernels/element.h"
 #include "kernels/topk.h"
 
 namespace gz::bench {
@@ -112,60 +117,76 @@ void bm_copy_cuda(benchmark::State& state, std::size_t n) {
 struct CodecBuffers {
   std::unique_ptr<Codec> codec;
   std::size_t n;
+  Dtype dtype;
   DeviceArray<float> g, r, out;
+  DeviceArray<kernels::BFloat16> g16, out16;  // dtype bfloat16: g rounded, and the output
   DeviceArray<std::byte> payload, ws;
   DeviceArray<PayloadStatus> status;
   Stream st;
   ExecContext ctx;
   std::size_t bytes = 0;
 
-  CodecBuffers(const std::string& spec, std::size_t count)
+  CodecBuffers(const std::string& spec, std::size_t count, Dtype dt = Dtype::Float32)
       : codec(make_codec(spec)),
         n(count),
+        dtype(dt),
         g(count),
         r(count),
         out(count),
+        g16(dt == Dtype::Float32 ? 0 : count),
+        out16(dt == Dtype::Float32 ? 0 : count),
         payload(codec->max_payload_bytes(count)),
-        ws(codec->workspace_bytes(count, Device::Cuda)),
+        ws(codec->workspace_bytes(count, Device::Cuda, dt)),
         status(1) {
     fill_normal(g.ptr, n, 2, 1.0f);
     fill_normal(r.ptr, n, 3, 0.01f);
     GZ_CUDA_CHECK(cudaMemset(out.ptr, 0, 4 * n));
+    if (dtype != Dtype::Float32) {
+      kernels::cuda::narrow(g.ptr, n, g16.ptr, nullptr, nullptr);
+      GZ_CUDA_CHECK(cudaMemset(out16.ptr, 0, 2 * n));
+      GZ_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     GZ_CUDA_CHECK(cudaMemset(status.ptr, 0, sizeof(PayloadStatus)));
     ctx = ExecContext{Device::Cuda, st.s, ws.ptr, ws.count};
   }
+  bool wide() const { return dtype == Dtype::Float32; }
   std::size_t encode() {
-    return bytes = codec->encode(g.ptr, codec->error_feedback() ? r.ptr : nullptr, n, payload.ptr, payload.count, ctx);
+    const void* grad = wide() ? static_cast<const void*>(g.ptr) : g16.ptr;
+    return bytes = codec->encode(grad, dtype, codec->error_feedback() ? r.ptr : nullptr, n, payload.ptr,
+                                 payload.count, ctx);
   }
   // The hot-path form: the verdict goes to a device status word, no sync.
   void decode() {
     ExecContext c = ctx;
     c.status = status.ptr;
-    codec->decode_accumulate(payload.ptr, bytes, out.ptr, n, c);
+    codec->decode_accumulate(payload.ptr, bytes, wide() ? static_cast<void*>(out.ptr) : out16.ptr, dtype, n, c);
   }
+  std::size_t elem_bytes() const { return wide() ? 4 : 2; }
 };
 
-void bm_encode_cuda(benchmark::State& state, const std::string& spec, std::size_t n) {
+void bm_encode_cuda(benchmark::State& state, const std::string& spec, std::size_t n, Dtype dtype) {
   if (!have_gpu()) return state.SkipWithError("no CUDA device");
-  CodecBuffers b(spec, n);
+  CodecBuffers b(spec, n, dtype);
   EventTimer t(b.st.s);
   t.seconds([&] { b.encode(); });
   for (auto _ : state) state.SetIterationTime(t.seconds([&] { b.encode(); }));
-  set_rates(state, n, (b.codec->error_feedback() ? 12 * n : 4 * n) + b.bytes);
+  set_rates(state, n, b.elem_bytes() * n + (b.codec->error_feedback() ? 8 * n : 0) + b.bytes);
   state.counters["payload_B"] = static_cast<double>(b.bytes);
 }
 
-void bm_decode_cuda(benchmark::State& state, const std::string& spec, std::size_t n) {
+void bm_decode_cuda(benchmark::State& state, const std::string& spec, std::size_t n, Dtype dtype) {
   if (!have_gpu()) return state.SkipWithError("no CUDA device");
-  CodecBuffers b(spec, n);
+  CodecBuffers b(spec, n, dtype);
   b.encode();
   EventTimer t(b.st.s);
   t.seconds([&] { b.decode(); });
   for (auto _ : state) state.SetIterationTime(t.seconds([&] { b.decode(); }));
   check_payload_status(b.status.ptr, b.st.s);  // every decode above was valid
-  // A sparse codec touches only the sent entries of out (read + write, 8 bytes each).
+  // A sparse codec touches only the sent entries of out (read + write: 8
+  // bytes each, 4 in bfloat16; an entry is 8 payload bytes).
   const bool sparse = b.codec->descriptor().hint.sparse;
-  set_rates(state, n, (sparse ? b.bytes - wire::kHeaderBytes : 8 * n) + b.bytes);
+  const std::size_t out_bytes = sparse ? (b.bytes - wire::kHeaderBytes) * b.elem_bytes() / 4 : 2 * b.elem_bytes() * n;
+  set_rates(state, n, out_bytes + b.bytes);
 }
 
 // Selection + ordered compaction of the k largest |v| (no EF), the part
@@ -195,13 +216,18 @@ void bm_topk_cuda(benchmark::State& state, std::size_t n, std::size_t k) {
     benchmark::RegisterBenchmark(("copy_cuda/" + sn).c_str(), bm_copy_cuda, n)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
-    for (const BenchCodec& c : codecs) {
-      benchmark::RegisterBenchmark(("encode_cuda/" + c.name + "/" + sn).c_str(), bm_encode_cuda, c.spec, n)
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("decode_cuda/" + c.name + "/" + sn).c_str(), bm_decode_cuda, c.spec, n)
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond);
+    for (const auto& [family, dtype] : {std::pair{std::string("_cuda/"), Dtype::Float32},
+                                        std::pair{std::string("_bf16_cuda/"), Dtype::BFloat16}}) {
+      for (const BenchCodec& c : codecs) {
+        benchmark::RegisterBenchmark(("encode" + family + c.name + "/" + sn).c_str(), bm_encode_cuda, c.spec, n,
+                                     dtype)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("decode" + family + c.name + "/" + sn).c_str(), bm_decode_cuda, c.spec, n,
+                                     dtype)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
     const std::size_t k = kernels::topk_k_for_density(n, 0.01);
     benchmark::RegisterBenchmark(("topk_cuda/" + sn + "/" + std::to_string(k)).c_str(), bm_topk_cuda, n, k)

@@ -10,7 +10,9 @@
 
 Errors: :class:`InvalidArgument` and :class:`PayloadError` are ValueErrors;
 :class:`IoError` and :class:`CudaError` are RuntimeErrors; all derive from
-:class:`GradzipError`.
+:class:`GradzipError`. Messages say what is wrong; the C++ file and line
+that found it are added in debug builds, with ``GRADZIP_VERBOSE_ERRORS=1`` or
+after ``set_error_locations(True)``.
 """
 
 from ._preload import preload as _preload
@@ -29,8 +31,10 @@ from ._core import (
     canonical_spec,
     codec_info,
     codec_names,
+    error_locations,
     expand_spec_grid,
     payload_info,
+    set_error_locations,
     split_spec_list,
 )
 from .codec import Codec
@@ -59,8 +63,10 @@ __all__ = [
     "canonical_spec",
     "codec_info",
     "codec_names",
+    "error_locations",
     "expand_spec_grid",
     "payload_info",
+    "set_error_locations",
     "split_spec_list",
 ]
 if BUILD["comm"]:

@@ -5,7 +5,9 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "arrays.h"
 #include "bindings.h"
@@ -144,6 +146,18 @@ nb::list codec_info() {
 NB_MODULE(_core, m) {
   m.doc() = "gradzip's C++ core: codecs (and, when built, the communicator). Use the gradzip package.";
   gzpy::register_exceptions(m);
+  // An installed wheel's users get the message alone; the "[file:line] " that
+  // says where C++ detected it is for debug builds and GRADZIP_VERBOSE_ERRORS=1.
+#ifdef NDEBUG
+  const char* verbose = std::getenv("GRADZIP_VERBOSE_ERRORS");
+  gz::set_error_locations(verbose && *verbose && std::string_view(verbose) != "0");
+#else
+  gz::set_error_locations(true);
+#endif
+  m.def("set_error_locations", &gz::set_error_locations, nb::arg("on"),
+        "Whether gradzip's error messages start with the C++ file and line that raised them "
+        "(default: off, on in debug builds or with GRADZIP_VERBOSE_ERRORS=1).");
+  m.def("error_locations", &gz::error_locations, "Whether error messages name the C++ file and line.");
 
   m.attr("__version__") = GZ_VERSION;
   m.attr("HEADER_BYTES") = gz::wire::kHeaderBytes;

@@ -72,6 +72,9 @@ def test_fp32_allreduce_over_100mbit_takes_the_link_time_and_is_exact(tmp_path: 
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "emulated cluster: 2 ranks" in r.stderr
+    # Every UCX_ variable the launcher sets is read by a transport UCX loads
+    # (UCX warns once per rank about the others: the FIFO sizes with UCX_TLS=tcp).
+    assert "unused env variables" not in r.stdout + r.stderr, r.stdout + r.stderr
     rows = {row["codec"]: row for row in json.loads(out.read_text())}
     base = rows["none"]
     bound_ms = 2 * (2 - 1) / 2 * 4 * n * 8 / rate * 1e3
@@ -121,6 +124,7 @@ def test_nodes_of_two_ranks_share_a_node_and_only_nodes_are_shaped(tmp_path: Pat
                        capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "topology: 4 ranks: 2 nodes x 2" in r.stdout
+    assert "unused env variables" not in r.stdout + r.stderr, r.stdout + r.stderr
     rows = {(row["codec"], row["algorithm"]): row for row in json.loads(out.read_text())}
     flat = rows[("none", "scatter_reduce")]
     assert flat["wire_bytes_per_rank"] == 4 * n and flat["ok"]

@@ -28,6 +28,18 @@ TEST(Spec, ParsesEveryCodecWithDefaults) {
   EXPECT_THROW((void)tk.value("block"), InvalidArgument);
 }
 
+// Messages name the file relative to the repository (not the build machine's
+// folders), and only while locations are on (the Python module turns them off).
+TEST(Spec, ErrorsNameTheRepositoryFileOrNothing) {
+  const std::string located = error_of("qsgd:bits=9");
+  EXPECT_EQ(located.rfind("[compressors/spec.cc:", 0), 0u) << located;
+  set_error_locations(false);
+  const std::string plain = error_of("qsgd:bits=9");
+  set_error_locations(true);
+  EXPECT_EQ(plain.rfind("codec spec 'qsgd:bits=9': bits must be", 0), 0u) << plain;
+  EXPECT_EQ(located.substr(located.find("] ") + 2), plain);
+}
+
 TEST(Spec, ParsesKeys) {
   const CodecConfig c = parse_spec(" topk : density=0.25, select=sample ,ef=off ");
   EXPECT_DOUBLE_EQ(c.value("density"), 0.25);

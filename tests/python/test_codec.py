@@ -1,6 +1,9 @@
 """gradzip.Codec and gradzip.ErrorFeedback on numpy arrays and torch tensors."""
 
 import io
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -388,3 +391,24 @@ def test_16bit_gradients(spec, dtype):
             assert np.array_equal(out16.view(np.uint16), ref.astype(np.float16).view(np.uint16))
     else:
         assert torch.equal(out16.view(torch.int16), ref.to(dtype).view(torch.int16))
+
+
+def test_errors_say_what_is_wrong_and_name_the_source_only_when_asked():
+    # An installed wheel's message is the message: no build folder, no file:line.
+    with pytest.raises(gradzip.InvalidArgument) as plain:
+        gradzip.Codec("qsgd:bits=9")
+    assert str(plain.value).startswith("codec spec 'qsgd:bits=9': bits must be"), str(plain.value)
+    assert not gradzip.error_locations()
+    gradzip.set_error_locations(True)
+    try:
+        with pytest.raises(gradzip.InvalidArgument) as located:
+            gradzip.Codec("qsgd:bits=9")
+    finally:
+        gradzip.set_error_locations(False)
+    assert str(located.value) == "[compressors/spec.cc:" + str(located.value).split(":", 1)[1]
+    assert str(located.value).endswith(str(plain.value))
+    # GRADZIP_VERBOSE_ERRORS=1 at import turns them on.
+    code = "import gradzip\ntry:\n    gradzip.Codec('qsgd:bits=9')\nexcept gradzip.InvalidArgument as e:\n    print(e)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "GRADZIP_VERBOSE_ERRORS": "1"},
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.startswith("[compressors/spec.cc:"), out

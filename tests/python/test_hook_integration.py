@@ -1,7 +1,7 @@
 """The DDP hook the way frameworks use it, under stress, and with a rank killed.
 
 - Lightning's sequence: the state is built (and pickled) before the process
-  group exists, reaches the spawned ranks pickled, and is registered after
+  group exists, reaches the ranks pickled, and is registered after
   DDP wraps the model (tests/python/hook_workers.py says how this mirrors
   DDPStrategy). Lightning itself is not needed for that.
 - Many small buckets on 4 and 8 ranks, 20 runs over both transports, never
@@ -10,7 +10,7 @@
   rank raise from backward() within the timeout, on both transports.
 """
 
-import multiprocessing as mp
+import os
 import pickle
 import queue
 import time
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import gradzip
 import hook_workers
-from dist_util import _entry, free_port, run_ranks
+from dist_util import _entry, free_port, rank_context, run_ranks
 from gradzip.torch import CompressionState
 
 
@@ -50,12 +50,13 @@ def test_many_small_buckets_never_hang(world):
 def run_with_a_victim(world: int, victim: int, transport: str, timeout_s: float, deadline_s: float):
     """Like run_ranks, but one rank is expected to die: returns the survivors'
     results, or fails when one of them has not reported by the deadline."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     port = free_port()
     args = (victim, transport, timeout_s)
-    procs = [ctx.Process(target=_entry, args=(hook_workers.victim_dies_mid_step, r, world, port, results, args),
-                         daemon=True) for r in range(world)]
+    environ = dict(os.environ)
+    procs = [ctx.Process(target=_entry, args=(hook_workers.victim_dies_mid_step, r, world, port, results, args,
+                                              environ), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     got = {}

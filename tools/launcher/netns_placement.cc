@@ -498,19 +498,13 @@ int NetnsPlacement::master_port(int requested) const { return requested ? reques
 // eager sends. --env overrides any of these.
 std::map<std::string, std::string> NetnsPlacement::env(int rank) const {
   const std::string node = std::to_string(node_of(rank));
-  return {
+  std::map<std::string, std::string> env = {
       {"LOCAL_RANK", std::to_string(rank % per_node_)},  // the torchrun names of where a rank is
       {"LOCAL_WORLD_SIZE", std::to_string(per_node_)},
       {"GROUP_RANK", node},
       {"GRADZIP_NODE", node},
       // The shaped link between nodes; shared memory inside a node of several.
       {"UCX_TLS", per_node_ > 1 ? "tcp,sm" : "tcp"},
-      // Eager messages over shared memory go through a receive FIFO; with
-      // UCX's 64 entries (512 KiB) a sender of a 1 MiB segment fills it and
-      // waits for the receiver, which no event announces: 25.6M floats
-      // reduce-scattered and gathered inside a node took 4.5 s, 0.37 s with 1024.
-      {"UCX_POSIX_FIFO_SIZE", "1024"},
-      {"UCX_SYSV_FIFO_SIZE", "1024"},
       {"UCX_NET_DEVICES", kRankDev},
       {"UCX_RNDV_THRESH", "inf"},
       {"UCX_TCP_TX_SEG_SIZE", "64k"},
@@ -519,6 +513,17 @@ std::map<std::string, std::string> NetnsPlacement::env(int rank) const {
       {"NCCL_SOCKET_IFNAME", kRankDev},
       {"GRADZIP_LINK", link_.text},
   };
+  if (per_node_ > 1) {
+    // Eager messages over shared memory go through a receive FIFO; with
+    // UCX's 64 entries (512 KiB) a sender of a 1 MiB segment fills it and
+    // waits for the receiver, which no event announces: 25.6M floats
+    // reduce-scattered and gathered inside a node took 4.5 s, 0.37 s with 1024.
+    // Only where UCX_TLS has sm: UCX warns about every UCX_ variable that no
+    // loaded transport reads ("unused env variables"), once per rank.
+    env["UCX_POSIX_FIFO_SIZE"] = "1024";
+    env["UCX_SYSV_FIFO_SIZE"] = "1024";
+  }
+  return env;
 }
 
 std::vector<std::string> NetnsPlacement::wrap(int rank, const std::vector<std::string>& command) const {

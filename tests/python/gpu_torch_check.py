@@ -1,0 +1,194 @@
+"""gradzip.torch on CUDA tensors, for scripts/gpu-check.sh: the DDP hook,
+FSDP2's reduce-scatter and BlockMomentum, each as small training runs on one
+GPU (ranks share it), each check on its own so that one failure does not hide
+the others.
+
+    python3 tests/python/gpu_torch_check.py [--json FILE] [--list]
+
+Checks (2 ranks share the GPU over gloo, whose point-to-point calls take no
+CUDA tensors, so their gradzip exchanges go over gradzip's own UCX transport,
+which stages device buffers through host memory; NCCL needs a GPU per rank,
+so its checks run one rank):
+  ddp_hook_ucx_2ranks      DDP hook, transport="gradzip", onebit and topk: same parameters on both ranks
+  ddp_hook_nccl_1rank      DDP hook over a one-rank NCCL group (torch transport), codec none = no hook
+  fsdp2_ucx_2ranks         fully_shard + gradzip.torch.fsdp.register, onebit: finite, same on both ranks
+  bmuf_ucx_2ranks          BlockMomentum (onebit, transport="gradzip"), 2 blocks: same global model
+Exit status 0 when every check passed (a check that cannot run here, e.g. no
+GPU, counts as skipped and fails the run: this script is only run where a GPU is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from dist_util import run_ranks  # noqa: E402
+
+
+def _net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+
+
+def _flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in module.parameters()])
+
+
+def _same_on_every_rank(x: torch.Tensor) -> bool:
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    return all(torch.equal(parts[0], p) for p in parts)
+
+
+def _batch(rank: int, step: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(1000 * step + rank)
+    return torch.randn(32, 256, device="cuda", generator=g)
+
+
+def ddp_hook_ucx(rank: int, world: int) -> Dict[str, Any]:
+    from gradzip.torch import CompressionState, compression_hook
+
+    out = {}
+    for codec in ("onebit", "topk:density=0.01", "fp16"):
+        net = _net(0)
+        ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.25)
+        state = CompressionState(codec=codec, transport="gradzip")
+        ddp.register_comm_hook(state, compression_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(4):
+            opt.zero_grad()
+            ddp(_batch(rank, step)).square().mean().backward()
+            opt.step()
+        torch.cuda.synchronize()
+        flat = _flat(net)
+        out[codec] = bool(torch.isfinite(flat).all()) and _same_on_every_rank(flat) and state.step == 4
+        del ddp, state
+    return out
+
+
+def ddp_hook_nccl_1rank(rank: int, world: int) -> Dict[str, Any]:
+    import torch.distributed as dist
+
+    from gradzip.torch import CompressionState, compression_hook
+
+    nccl = dist.new_group(backend="nccl")
+
+    def train(codec):
+        net = _net(0)
+        ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=nccl, bucket_cap_mb=0.25)
+        if codec is not None:
+            ddp.register_comm_hook(CompressionState(codec=codec, process_group=nccl), compression_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(4):
+            opt.zero_grad()
+            ddp(_batch(rank, step)).square().mean().backward()
+            opt.step()
+        torch.cuda.synchronize()
+        return _flat(net)
+
+    plain = train(None)
+    out = {"none_equals_no_hook": torch.equal(train("none"), plain)}
+    for codec in ("onebit", "qsgd", "fp8"):
+        out[codec] = bool(torch.isfinite(train(codec)).all())
+    return out
+
+
+def fsdp2_ucx(rank: int, world: int) -> Dict[str, Any]:
+    from torch.distributed.fsdp import fully_shard
+
+    from gradzip.torch import fsdp as gz_fsdp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    state = gz_fsdp.register(model, codec="onebit")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(3):
+        g = torch.Generator(device="cuda").manual_seed(100 * step + rank)
+        x = torch.randn(16, 64, device="cuda", generator=g)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    torch.cuda.synchronize()
+    full = torch.cat([p.full_tensor().detach().reshape(-1).float().cpu() for p in model.parameters()])
+    s = state.compression_stats()
+    return {"finite": bool(torch.isfinite(full).all()), "same": _same_on_every_rank(full),
+            "compressed": s["calls"] > 0 and s["wire_ratio"] > 4}
+
+
+def bmuf_ucx(rank: int, world: int) -> Dict[str, Any]:
+    from gradzip.torch import BlockMomentum
+
+    net = _net(0)
+    local = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.8)
+    opt = BlockMomentum(net, local, block_steps=2, codec="onebit", transport="gradzip")
+    for step in range(4):
+        local.zero_grad()
+        net(_batch(rank, step)).square().mean().backward()
+        opt.step()
+    torch.cuda.synchronize()
+    with opt.global_model():
+        flat = _flat(net)
+    blocks = opt.compression_stats()["blocks"]
+    opt.close()
+    return {"finite": bool(torch.isfinite(flat).all()), "same": _same_on_every_rank(flat), "blocks": blocks == 2}
+
+
+CHECKS: Dict[str, tuple] = {
+    "ddp_hook_ucx_2ranks": (ddp_hook_ucx, 2),
+    "ddp_hook_nccl_1rank": (ddp_hook_nccl_1rank, 1),
+    "fsdp2_ucx_2ranks": (fsdp2_ucx, 2),
+    "bmuf_ucx_2ranks": (bmuf_ucx, 2),
+}
+
+
+def run_check(fn: Callable, world: int) -> Dict[str, Any]:
+    start = time.monotonic()
+    try:
+        values = run_ranks(fn, world, timeout=150)
+        flags = {k: all(bool(v[k]) for v in values) for k in values[0]}
+        verdict = "PASS" if all(flags.values()) else "FAIL"
+        detail = ", ".join(f"{k}={'ok' if ok else 'WRONG'}" for k, ok in flags.items())
+    except BaseException as e:  # noqa: BLE001 - reported, the next check still runs
+        verdict, detail = "FAIL", "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+    return {"verdict": verdict, "detail": detail, "seconds": round(time.monotonic() - start, 1)}
+
+
+def main(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--list", action="store_true", help="print the checks' names and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(CHECKS))
+        return 0
+    results: Dict[str, Any] = {}
+    if not torch.cuda.is_available():
+        results = {name: {"verdict": "SKIP", "detail": "no CUDA device", "seconds": 0} for name in CHECKS}
+    else:
+        for name, (fn, world) in CHECKS.items():
+            results[name] = run_check(fn, world)
+            r = results[name]
+            print(f"{r['verdict']} {name} ({r['seconds']} s): {r['detail']}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all(r["verdict"] == "PASS" for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
