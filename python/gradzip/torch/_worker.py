@@ -87,7 +87,7 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -
                 with worker.lock:
                     state._count(buffer.numel() * buffer.element_size(),
                                  _payload_bytes(codec, parts, splits, buffer.element_size()), sent)
-                    state._stats["exact_wire_bytes"] = state._stats.get("exact_wire_bytes", 0.0) + exact
+                    state._stats["exact_wire_bytes"] += exact
                 fut.set_result(buffer)
         except BaseException as e:  # the future carries it to DDP, and finish_step to the last hook call
             fut.set_exception(e)

@@ -176,9 +176,8 @@ class CompressionState:
             "wire_bytes_per_step": s["wire_bytes"] / steps,
             "ratio": s["dense_bytes"] / s["payload_bytes"] if s["payload_bytes"] else float("nan"),
             "wire_ratio": fp32_wire / s["wire_bytes"] if s["wire_bytes"] else float("nan"),
-            "uncompressed_steps": s.get("uncompressed_steps", 0),
-            "uncompressed_bytes_per_step": (s.get("uncompressed_wire_bytes", 0.0)
-                                            + s.get("exact_wire_bytes", 0.0)) / steps,
+            "uncompressed_steps": s["uncompressed_steps"],
+            "uncompressed_bytes_per_step": (s["uncompressed_wire_bytes"] + s["exact_wire_bytes"]) / steps,
         }
 
     def state_dict(self) -> Dict[str, Any]:
@@ -323,7 +322,11 @@ class CompressionState:
 
 
 def _new_stats() -> Dict[str, Any]:
-    return {"steps": 0, "dense_bytes": 0, "payload_bytes": 0, "wire_bytes": 0.0}
+    # uncompressed_*: the warm-up's steps and wire bytes; exact_wire_bytes: the
+    # layer filter's exactly averaged parameters (a checkpoint without them,
+    # from before they were counted, loads with zeros).
+    return {"steps": 0, "dense_bytes": 0, "payload_bytes": 0, "wire_bytes": 0.0,
+            "uncompressed_steps": 0, "uncompressed_wire_bytes": 0.0, "exact_wire_bytes": 0.0}
 
 
 def _listed(d: Dict[str, Any], key: str, kind: type) -> List[Any]:
@@ -390,7 +393,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         fut = _worker.exchange(state, plan, buffer, bucket.is_last())
     if bucket.is_last():
         if state._step < state.warmup_steps and not state._dense:
-            state._stats["uncompressed_steps"] = state._stats.get("uncompressed_steps", 0) + 1
+            state._stats["uncompressed_steps"] += 1
         state._tracker.end_step()
         state._step += 1
         state._stats["steps"] += 1
@@ -403,8 +406,7 @@ def _allreduce_dense(state: CompressionState, buffer: torch.Tensor) -> torch.fut
     nbytes = buffer.numel() * buffer.element_size()
     state._count(nbytes, nbytes, nbytes * 2 * (p - 1) / p)
     if not state._dense:
-        state._stats["uncompressed_wire_bytes"] = state._stats.get("uncompressed_wire_bytes", 0.0) + \
-            nbytes * 2 * (p - 1) / p
+        state._stats["uncompressed_wire_bytes"] += nbytes * 2 * (p - 1) / p
     buffer.mul_(1.0 / p)
     fut = dist.all_reduce(buffer, group=state.process_group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
