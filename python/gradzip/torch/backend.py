@@ -37,14 +37,12 @@ How a call runs (and why):
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import datetime
 import json
 import logging
 import os
 import threading
-import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -61,9 +59,6 @@ logger = logging.getLogger(__name__)
 NAME = "gradzip"
 _STATE_VERSION = 1
 _default_policy: Optional[Policy] = None
-# The groups this process made: torch's C++ side can keep a group's Python
-# object alive past destroy_process_group, up to interpreter exit.
-_live: "weakref.WeakSet[ProcessGroupGradzip]" = weakref.WeakSet()
 
 
 def register() -> None:
@@ -188,7 +183,6 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         self._streams: Dict[torch.device, Any] = {}
         self._lock = threading.Lock()  # the byte counts
         self._stats = _new_stats()
-        _live.add(self)
 
     def _register(self, device: torch.device, kind: Any, backend: Any) -> None:
         self._register_backend(device, kind, backend)
@@ -215,14 +209,6 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         for b in self._backends.values():
             if hasattr(b, "shutdown"):
                 b.shutdown()
-
-    def _release(self) -> None:
-        """Closes the engine and drops the error-feedback states and codecs
-        (at exit: gradzip's bindings must not outlive what they made)."""
-        self._close()
-        self._comms.clear()
-        self._states = States()
-        self.policy = Policy("none")
 
     def abort(self) -> None:
         for b in self._backends.values():
@@ -426,17 +412,6 @@ def _policy_of(backend_options: Any) -> Policy:
         return _default_policy
     text = os.environ.get("GRADZIP_POLICY")
     return Policy.parse(text) if text else Policy()
-
-
-@atexit.register
-def _release_all() -> None:
-    """Before the interpreter finalizes gradzip's bindings (nanobind reports
-    every object of theirs still alive then, as a leak), release what the
-    groups torch still holds made."""
-    global _default_policy
-    for pg in list(_live):
-        pg._release()
-    _default_policy = None
 
 
 def _create(opts: Any, backend_options: Any) -> ProcessGroupGradzip:
