@@ -56,6 +56,16 @@ def _batch(rank: int, step: int) -> torch.Tensor:
     return torch.randn(32, 256, device="cuda", generator=g)
 
 
+def _train(ddp: torch.nn.Module, rank: int, steps: int = 4) -> None:
+    """`steps` SGD steps of `ddp` on this rank's batches, then a device sync."""
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(steps):
+        opt.zero_grad()
+        ddp(_batch(rank, step)).square().mean().backward()
+        opt.step()
+    torch.cuda.synchronize()
+
+
 def ddp_hook_ucx(rank: int, world: int) -> Dict[str, Any]:
     from gradzip.torch import CompressionState, compression_hook
 
@@ -65,12 +75,7 @@ def ddp_hook_ucx(rank: int, world: int) -> Dict[str, Any]:
         ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.25)
         state = CompressionState(codec=codec, transport="gradzip")
         ddp.register_comm_hook(state, compression_hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        for step in range(4):
-            opt.zero_grad()
-            ddp(_batch(rank, step)).square().mean().backward()
-            opt.step()
-        torch.cuda.synchronize()
+        _train(ddp, rank)
         flat = _flat(net)
         out[codec] = bool(torch.isfinite(flat).all()) and _same_on_every_rank(flat) and state.step == 4
         del ddp, state
@@ -89,12 +94,7 @@ def ddp_hook_nccl_1rank(rank: int, world: int) -> Dict[str, Any]:
         ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=nccl, bucket_cap_mb=0.25)
         if codec is not None:
             ddp.register_comm_hook(CompressionState(codec=codec, process_group=nccl), compression_hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        for step in range(4):
-            opt.zero_grad()
-            ddp(_batch(rank, step)).square().mean().backward()
-            opt.step()
-        torch.cuda.synchronize()
+        _train(ddp, rank)
         return _flat(net)
 
     plain = train(None)
