@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import torch
 import torch.distributed as dist
