@@ -97,7 +97,10 @@ prepare() {
   local ipr="$GPU_DIR/iproute2" tool lib
   mkdir -p "$ipr"
   for tool in ip tc; do
-    mv "$GPU_DIR/root/sbin/$tool" "$ipr/$tool" || die "iproute2 has no /sbin/$tool"
+    # Debian's /sbin/ip is a link to /bin/ip: an absolute link the GPU
+    # machine would resolve against its own root, so carry the file itself.
+    cp -L "$GPU_DIR/root/bin/$tool" "$ipr/$tool" 2>/dev/null || cp -L "$GPU_DIR/root/sbin/$tool" "$ipr/$tool" ||
+      die "iproute2 has no /bin/$tool or /sbin/$tool"
     cat >"$GPU_DIR/bin/$tool" <<EOF
 #!/bin/sh
 # iproute2's $tool from Debian, with its libraries (scripts/gpu-check.sh --prepare).
@@ -139,6 +142,14 @@ check_prepared() {
   for f in "${REQUIRED[@]}"; do
     [[ -e "$GPU_DIR/$f" ]] || { echo "missing: $GPU_DIR/$f"; bad=1; }
   done
+  # A link out of .gpu/ works here and dangles on the GPU machine.
+  local root_real link
+  root_real="$(realpath "$GPU_DIR")"
+  while IFS= read -r link; do
+    [[ "$(realpath -m "$link")" == "$root_real"/* ]] && continue
+    echo "link out of $GPU_DIR: ${link#"$GPU_DIR/"} -> $(readlink "$link")"
+    bad=1
+  done < <(find "$GPU_DIR" -type l)
   local have needed elf lib
   have="$(find "$GPU_DIR/root" "$GPU_DIR/iproute2" \( -type f -o -type l \) -name '*.so*' -printf '%f\n' | sort -u)"
   while IFS= read -r elf; do
@@ -304,10 +315,12 @@ headline() {  # $1: "--link" or "" (loopback); every codec, one JSON file
     rm -f "$json"
     "$BUILD/bin/gradzip-run" -n 2 ${link:+--link $rate} -- "$BUILD/bin/gradzip-bench" --device cuda \
       --sizes 100M --iters 2 --warmup 1 --timeout 120 --json "$json" || rc=1
-    [[ -f "$json" ]] && files+=("$json")
+    [[ -f "$json" ]] && files+=("${link:+$rate}${link:-loopback}=$json")
   done
-  ((${#files[@]})) && "$PYTHON" -c 'import json, sys; json.dump([r for f in sys.argv[2:] for r in json.load(open(f))],
-    open(sys.argv[1], "w"), indent=1)' "$OUT/headline.json" "${files[@]}"
+  # One file, each row tagged with the link it ran on (the table's first column).
+  ((${#files[@]})) && "$PYTHON" -c 'import json, sys
+rows = [dict(r, link=arg.split("=", 1)[0]) for arg in sys.argv[2:] for r in json.load(open(arg.split("=", 1)[1]))]
+json.dump(rows, open(sys.argv[1], "w"), indent=1)' "$OUT/headline.json" "${files[@]}"
   return $rc
 }
 

@@ -156,7 +156,7 @@ TEST_P(CudaPayloadValidation, RejectedLikeTheCpuAndOutUnchanged) {
       const PayloadRef refs[2] = {{good.get(), valid_bytes}, {payload.get(), bytes}};
       std::string sum_msg;
       try {
-        codec->decode_sum(refs, out.get(), n, 0.5f, {Device::Cuda, stream});
+        codec->decode_sum(refs, out.get(), n, 0.5f, ws.ctx(stream));
       } catch (const PayloadError& e) {
         sum_msg = bare(e.what());
       }

@@ -104,6 +104,50 @@ def ddp_hook_nccl_1rank(rank: int, world: int) -> Dict[str, Any]:
     return out
 
 
+def _host_staged_all_gather() -> Any:
+    """FSDP2's parameter all-gather through host memory on the gloo group.
+
+    The two ranks share one GPU, so NCCL cannot run them, and gloo's
+    all_gather_into_tensor on CUDA tensors reads device memory from the host
+    (a segfault in gloo::allgather, seen with torch 2.11). The all-gather is
+    not what this check tests: gradzip replaces FSDP2's reduce-scatter only.
+    """
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+
+    class HostStaged(AllGather):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            out = torch.empty(output_tensor.shape, dtype=output_tensor.dtype)
+            dist.all_gather_into_tensor(out, input_tensor.cpu(), group=group)
+            output_tensor.copy_(out)
+            return None
+
+    return HostStaged()
+
+
+def _full_on_host(model: torch.nn.Module) -> torch.Tensor:
+    """The full parameters, gathered from each rank's local shards on the host
+    (DTensor.full_tensor would all-gather CUDA tensors over gloo)."""
+    import torch.distributed as dist
+
+    parts = []
+    for p in model.parameters():
+        local = p.to_local().detach().float().cpu().contiguous()
+        rows = torch.tensor([local.shape[0]])
+        all_rows = [torch.empty_like(rows) for _ in range(dist.get_world_size())]
+        dist.all_gather(all_rows, rows)
+        width = max(int(r) for r in all_rows)
+        padded = torch.zeros((width,) + tuple(local.shape[1:]))
+        padded[: local.shape[0]] = local
+        gathered = [torch.empty_like(padded) for _ in all_rows]
+        dist.all_gather(gathered, padded)
+        parts += [g[: int(r)].reshape(-1) for g, r in zip(gathered, all_rows)]
+    return torch.cat(parts)
+
+
 def fsdp2_ucx(rank: int, world: int) -> Dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
@@ -115,6 +159,9 @@ def fsdp2_ucx(rank: int, world: int) -> Dict[str, Any]:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)
+    for module in model.modules():
+        if hasattr(module, "set_custom_all_gather"):
+            module.set_custom_all_gather(_host_staged_all_gather())
     state = gz_fsdp.register(model, codec="onebit")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(3):
@@ -124,7 +171,7 @@ def fsdp2_ucx(rank: int, world: int) -> Dict[str, Any]:
         model(x).square().mean().backward()
         opt.step()
     torch.cuda.synchronize()
-    full = torch.cat([p.full_tensor().detach().reshape(-1).float().cpu() for p in model.parameters()])
+    full = _full_on_host(model)
     s = state.compression_stats()
     return {"finite": bool(torch.isfinite(full).all()), "same": _same_on_every_rank(full),
             "compressed": s["calls"] > 0 and s["wire_ratio"] > 4}
