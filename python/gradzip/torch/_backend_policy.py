@@ -115,8 +115,19 @@ class Policy:
         n = tensor.numel()
         for dtype, least, spec in self.rules:
             if dtype in ("*", name) and n >= least:
-                return self._codecs.get(spec)  # none: exact
+                if spec == "none":
+                    return None  # exact
+                codec = self._codecs.get(spec)
+                if codec is None:  # after release_codecs()
+                    codec = self._codecs[spec] = Codec(spec)
+                return codec
         return None
+
+    def release_codecs(self) -> None:
+        """Drops the codec objects (made again at the next use). A group's
+        shutdown calls it: torch keeps the group, and so its policy, alive
+        into interpreter teardown, past the native module."""
+        self._codecs = {}
 
     def fields(self) -> List[Tuple[str, str]]:
         """What the ranks compare."""

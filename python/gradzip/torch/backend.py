@@ -37,12 +37,14 @@ How a call runs (and why):
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import datetime
 import json
 import logging
 import os
 import threading
+import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -183,6 +185,9 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         self._streams: Dict[torch.device, Any] = {}
         self._lock = threading.Lock()  # the byte counts
         self._stats = _new_stats()
+        # A script that exits without destroy_process_group: release at exit
+        # what torch would keep alive into teardown (see shutdown).
+        atexit.register(_release_at_exit, weakref.ref(self))
 
     def _register(self, device: torch.device, kind: Any, backend: Any) -> None:
         self._register_backend(device, kind, backend)
@@ -206,6 +211,17 @@ class ProcessGroupGradzip(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         self._close()
+        # torch keeps the group object (its functions' defaults hold the world
+        # group) past destroy_process_group and into interpreter teardown:
+        # let go of the error-feedback states and codecs now, so nothing of
+        # gradzip's native module is alive when it unloads.
+        self._release()
+
+    def _release(self) -> None:
+        with self._submit, self._lock:
+            self._states = States()
+            self._comms.clear()  # closed by _close, or dropped at exit: no collective here
+        self.policy.release_codecs()
         for b in self._backends.values():
             if hasattr(b, "shutdown"):
                 b.shutdown()
@@ -387,6 +403,12 @@ class ProcessGroupGradzip(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupGradzip(rank={self._rank}, size={self._size}, policy={self.policy!r})"
+
+
+def _release_at_exit(ref: "weakref.ReferenceType[ProcessGroupGradzip]") -> None:
+    pg = ref()
+    if pg is not None:
+        pg._release()
 
 
 def _new_stats() -> Dict[str, Any]:
