@@ -24,10 +24,10 @@
 #include "arrays.h"
 #include "bindings.h"
 #include "codec_handle.h"
-#include "comm/agreement.h"
+#include "comm/engine/agreement.h"
 #include "py_transport.h"
-#include "comm/allreduce.h"
-#include "comm/communicator.h"
+#include "comm/engine/allreduce.h"
+#include "comm/engine/communicator.h"
 #include "comm/store/prefix_store.h"
 #include "comm/store/sealed_store.h"
 #include "common/error.h"
@@ -375,7 +375,7 @@ void bind_comm(nb::module_& m) {
         },
         nb::arg("store"), nb::arg("prefix"), nb::arg("index"), nb::arg("rank"), nb::arg("size"), nb::arg("fields"),
         nb::arg("timeout"), nb::arg("round"), nb::arg("mismatch"),
-        "gradzip's agreement (comm/agreement.h) through a torch.distributed store, every value sealed with\n"
+        "gradzip's agreement (comm/engine/agreement.h) through a torch.distributed store, every value sealed with\n"
         "the job's key: InvalidArgument on every rank on a mismatch, IoError when a rank does not take part\n"
         "within the timeout or a value is not a member's (the DDP hook's agreement).");
   m.def("_default_timeout_s", [] { return static_cast<double>(gz::default_timeout().count()) / 1000.0; },

@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/transport.h"
+#include "comm/transports/transport.h"
 
 namespace gzpy {
 
