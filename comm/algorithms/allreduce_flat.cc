@@ -144,7 +144,7 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
                                                 slots.at(set, m), cap, exec);
       timer.end(&stats.encode_s);
       received(k, m) = bytes;
-      out = ConstSlice{slots.at(set, m), send_size(bytes, cap)};
+      out = ConstSlice{slots.at(set, m), send_size(bytes, *w.codec, r.count)};
       before_send();
     }
     ws.sends_.clear();
@@ -155,7 +155,8 @@ void Run::allgather(const Group& g, float* buf, float* residual, std::size_t cou
       // Raw floats: receive exactly the segment, as a transport without
       // exact sizes (torch's process group, NCCL) needs sends and receives
       // of one size.
-      ws.recvs_.push_back({g.ranks[i], Slice{slots.at(set, i), w.raw ? 4 * r.count : cap}, &received(k, i)});
+      ws.recvs_.push_back(
+          {g.ranks[i], Slice{slots.at(set, i), w.raw ? 4 * r.count : recv_size(*w.codec, r.count, cap)}, &received(k, i)});
     }
     flights[k] = start(ws.sends_, ws.recvs_);
   };
@@ -255,13 +256,15 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
             w.codec->encode(buf + r.offset, residual ? residual + r.offset : nullptr, r.count, dst, cap, exec);
         timer.end(&stats.encode_s);
         if (j == m) own_bytes[k] = bytes;
-        out = ConstSlice{dst, send_size(bytes, cap)};
+        out = ConstSlice{dst, send_size(bytes, *w.codec, r.count)};
         for (Flight& f : flights) poke(f);  // what is in flight keeps moving
       }
       if (j == m) continue;
       ws.sends_.push_back({g.ranks[j], out});
       // Raw floats: exactly this member's own segment (see allgather).
-      ws.recvs_.push_back({g.ranks[j], Slice{B.at(k, j), w.raw ? 4 * seg_of(m, s).count : cap}, &received(k, j)});
+      const std::size_t mine = seg_of(m, s).count;
+      ws.recvs_.push_back(
+          {g.ranks[j], Slice{B.at(k, j), w.raw ? 4 * mine : recv_size(*w.codec, mine, cap)}, &received(k, j)});
     }
     if (!w.raw) before_send();
     flights[k] = start(ws.sends_, ws.recvs_);
@@ -289,7 +292,7 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       const std::size_t bytes = w.server->encode(from, ef, r.count, G.at(gset(s), m), cap_g, exec);
       timer.end(&stats.encode_s);
       received(2 + k, m) = bytes;
-      out = ConstSlice{G.at(gset(s), m), send_size(bytes, cap_g)};
+      out = ConstSlice{G.at(gset(s), m), send_size(bytes, *w.server, r.count)};
       before_send();
     }
     ws.sends_.clear();
@@ -298,7 +301,9 @@ void Run::scatter_reduce(const Group& g, float* buf, float* residual, float* ser
       if (j == m) continue;
       const ChunkRange rj = seg_of(j, s);
       ws.sends_.push_back({g.ranks[j], out});
-      ws.recvs_.push_back({g.ranks[j], w.raw ? Slice{buf + rj.offset, 4 * rj.count} : Slice{G.at(gset(s), j), cap_g},
+      ws.recvs_.push_back({g.ranks[j],
+                           w.raw ? Slice{buf + rj.offset, 4 * rj.count}
+                                 : Slice{G.at(gset(s), j), recv_size(*w.server, rj.count, cap_g)},
                            &received(2 + k, j)});
     }
     flights[2 + k] = start(ws.sends_, ws.recvs_);

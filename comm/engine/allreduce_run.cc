@@ -173,15 +173,17 @@ void Run::before_send() {
 std::size_t Run::payload_size(const std::byte* slot, std::size_t received, std::size_t capacity, const Codec& c,
                               std::size_t count) const {
   if (exact) return received;
-  // The sender sent its whole slot. A fixed-size payload's size follows from
-  // its count (a segment may be shorter than the slot was sized for: the
-  // last one, a smaller chunk); otherwise the header says.
+  // The sender sent the codec's bound for the count (send_size). A
+  // fixed-size payload is exactly that; otherwise the header says how much
+  // of it is the payload.
   if (!payload_size_varies(c)) return c.max_payload_bytes(count);
+  const std::size_t sent = std::min(received, capacity);
+  if (sent < wire::kHeaderBytes) return sent;  // the decode rejects it
   std::byte head[wire::kHeaderBytes];
   mem::to_host(head, slot, sizeof head, o.device, o.stream);
   std::uint64_t body = 0;
   std::memcpy(&body, head + 24, sizeof body);
-  return body <= capacity - wire::kHeaderBytes ? wire::kHeaderBytes + body : capacity;
+  return body <= sent - wire::kHeaderBytes ? wire::kHeaderBytes + body : sent;
 }
 
 void Run::check_decodes() {

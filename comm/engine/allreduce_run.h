@@ -195,8 +195,21 @@ struct Run {
   float* server_residual() const {
     return codec.error_feedback() ? static_cast<float*>(st.server_.data()) : nullptr;
   }
-  // Bytes to send of a payload of `bytes` in a slot of `capacity`.
-  std::size_t send_size(std::size_t bytes, std::size_t capacity) const { return exact ? bytes : capacity; }
+  // Bytes to send of a payload of `bytes` of `count` elements of codec `c`:
+  // the payload itself, or (a transport without exact sizes, where a receive
+  // must be posted with the size sent) the codec's bound for `count`, which
+  // is the payload's size for every fixed-size codec. Never the whole slot:
+  // a segment may be shorter than its slot (the last one, a smaller chunk),
+  // and its slot's bytes past the payload would cross the wire for nothing.
+  std::size_t send_size(std::size_t bytes, const Codec& c, std::size_t count) const {
+    return exact ? bytes : c.max_payload_bytes(count);
+  }
+  // Bytes to post a receive of a payload of `count` elements of `c` with,
+  // into a slot of `capacity`: the slot (exact sizes report what arrived), or
+  // exactly what the sender sends (send_size).
+  std::size_t recv_size(const Codec& c, std::size_t count, std::size_t capacity) const {
+    return exact ? capacity : c.max_payload_bytes(count);
+  }
   // Bytes of the payload of `count` elements of codec `c` that arrived in a slot.
   std::size_t payload_size(const std::byte* slot, std::size_t received, std::size_t capacity, const Codec& c,
                            std::size_t count) const;
