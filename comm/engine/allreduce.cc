@@ -1,5 +1,5 @@
 // allreduce(): checks, the agreement, the EF state (error_feedback.h) and the workspace, then
-// one of the algorithms (allreduce_flat.cc, allreduce_hierarchical.cc).
+// the algorithm its descriptor runs (comm/algorithms/).
 #include "comm/engine/allreduce.h"
 
 #include <algorithm>
@@ -70,12 +70,6 @@ Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const
              topology.describe());
   if (requested == Algorithm::Auto && topology.nodes() >= 2 && L >= 2) return Algorithm::Hierarchical;
   return resolve_algorithm(requested, codec, topology.ranks());
-}
-
-ChunkRange chunk_range(std::size_t n, int ranks, int j) {
-  const auto P = static_cast<std::size_t>(ranks), J = static_cast<std::size_t>(j);
-  const std::size_t base = n / P, extra = n % P;
-  return {J * base + (J < extra ? J : extra), base + (J < extra ? 1 : 0)};
 }
 
 namespace detail {
@@ -160,10 +154,10 @@ void Run::bind_state(ErrorFeedback::Layout l) {
 
 std::pair<std::size_t, std::size_t> Run::layout_bytes() {
   Carve wire(nullptr, 0), local(nullptr, 0);
-  if (algo == Algorithm::Hierarchical)
-    hierarchical(wire, local);
-  else
-    flat(algo, world(), nullptr, nullptr, nullptr, o.n, scale(), wire, local);
+  float* const buffer = floats;
+  floats = nullptr;  // sizing: no buffer, no residuals (the algorithm returns after carving)
+  algorithm_descriptor(algo).run(*this, wire, local);
+  floats = buffer;
   return {wire.bytes(), local.bytes()};
 }
 
@@ -219,10 +213,7 @@ void Run::execute() {
   Carve wire(ws.slots_.data(), ws.slots_.capacity()), local(ws.sum_.data(), ws.sum_.capacity());
   const bool wide = o.dtype != Dtype::Float32 && o.n > 0;
   if (wide) convert(/*to_float=*/true);
-  if (algo == Algorithm::Hierarchical)
-    hierarchical(wire, local);
-  else
-    flat(algo, world(), floats, worker_residual(0), server_residual(), o.n, scale(), wire, local);
+  algorithm_descriptor(algo).run(*this, wire, local);
   wire.check();
   local.check();
   if (wide) convert(/*to_float=*/false);  // the float result, rounded once

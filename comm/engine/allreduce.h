@@ -53,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/engine/collective.h"
 #include "comm/engine/error_feedback.h"
 #include "comm/base/memory.h"
@@ -107,13 +108,6 @@ Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const
 /// is 0: about 1 MiB (measured, docs/comm.md).
 inline constexpr std::size_t kDefaultSegmentBytes = std::size_t{1} << 20;
 
-/// Chunk j of a buffer of n elements split over `ranks` ranks: the first
-/// n % ranks chunks have one element more. Empty chunks are fine (n < ranks).
-struct ChunkRange {
-  std::size_t offset = 0;
-  std::size_t count = 0;
-};
-ChunkRange chunk_range(std::size_t n, int ranks, int j);
 
 /// The documented single-call error of a codec's allreduce (docs/comm.md):
 /// the relative L2 error ||out - exact|| / ||exact|| of one call from a zero EF

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/workspace.h"
 #include "compressors/wire_format.h"
+#include "kernels/cpu.h"
 
 namespace gz::detail {
 
@@ -39,7 +40,11 @@ Run::Run(const AllreduceOptions& opt, int ranks, int rank, bool exact_sizes, boo
       P(ranks),
       me(rank),
       exact(exact_sizes),
-      device_memory(transport_device_memory) {
+      device_memory(transport_device_memory),
+      send_ops(opt.workspace->sends_),
+      recv_ops(opt.workspace->recvs_),
+      received_bytes(opt.workspace->received_),
+      payload_refs(opt.workspace->payloads_) {
   topo = o.topology ? *o.topology : Topology::flat(P);
   algo = resolve_algorithm(o.algorithm, codec.config(), topo);
   raw = codec.descriptor().lossless && o.device == Device::Cpu;
@@ -203,6 +208,49 @@ void Run::finish_stats(Clock::time_point start) {
   }
   stats.total_s = std::chrono::duration<double>(Clock::now() - start).count();
   *o.stats = stats;
+}
+
+
+void expect_floats(std::size_t received, std::size_t count, int rank) {
+  if (received != 4 * count)
+    GZ_THROW(PayloadError, "rank ", rank, " sent ", received, " bytes for a segment of ", count,
+             " floats (the ranks disagree on the call)");
+}
+
+Slots::Slots(Carve& c, std::size_t sets, std::size_t count, std::size_t bytes)
+    : stride(align_up(bytes, kWorkspaceAlign)), per_set(count) {
+  base = c.add<std::byte>(sets * count * stride);
+}
+
+void Run::sum_segment(const Group& g, const Wire& w, const Slots& slots, std::size_t set, const std::size_t* received,
+                      const float* own, std::size_t own_bytes, std::size_t count, std::size_t cap, float scale_by,
+                      float* target) {
+  const auto Pg = static_cast<std::size_t>(g.size()), m = static_cast<std::size_t>(g.me);
+  timer.begin();
+  if (w.raw) {
+    ws.inputs_.clear();
+    for (std::size_t i = 0; i < Pg; ++i) {
+      if (i != m) expect_floats(received[i], count, g.ranks[i]);
+      ws.inputs_.push_back(i == m ? own : slots.floats(set, i));
+    }
+    kernels::cpu::sum(ws.inputs_.data(), Pg, count, scale_by, target);
+  } else {
+    ws.payloads_.clear();
+    for (std::size_t i = 0; i < Pg; ++i)
+      ws.payloads_.push_back(
+          {slots.at(set, i), i == m ? own_bytes : payload_size(slots.at(set, i), received[i], cap, *w.codec, count)});
+    w.codec->decode_sum(ws.payloads_, target, count, scale_by, exec);
+  }
+  timer.end(&stats.decode_s);
+}
+
+std::size_t Run::kept_size(const Codec& c, const std::byte* slot, std::size_t count, std::size_t cap) const {
+  if (!payload_size_varies(c)) return c.max_payload_bytes(count);  // fixed-size payloads
+  std::byte head[wire::kHeaderBytes];  // the sender's header says
+  mem::to_host(head, slot, sizeof head, o.device, o.stream);
+  std::uint64_t body = 0;
+  std::memcpy(&body, head + 24, sizeof body);
+  return body <= cap - wire::kHeaderBytes ? wire::kHeaderBytes + body : cap;
 }
 
 }  // namespace gz::detail

@@ -1,5 +1,6 @@
-// The inside of one allreduce call, shared by the algorithm files
-// (allreduce_flat.cc, allreduce_hierarchical.cc). Internal to comm/.
+// The inside of one allreduce call: what every algorithm shares (checks,
+// agreement, state, workspace, segments, flights), used by the algorithm
+// files (comm/algorithms/). Internal to comm/.
 //
 // Words (as in gloo's ring()): a *chunk* is the part of the buffer one member
 // of a group owns (chunk_range); a *segment* is the unit in flight, a run of
@@ -41,6 +42,12 @@ inline ChunkRange segment(std::size_t count, std::size_t seg, std::size_t s) {
 }
 inline std::size_t segment_count(std::size_t count, std::size_t seg) { return (count + seg - 1) / seg; }
 
+/// Slot sets in flight: two, or one when there is only one segment.
+inline std::size_t sets_for(std::size_t segments) { return segments < 2 ? segments : 2; }
+
+/// A raw message must be exactly what the receiver expects (PayloadError).
+void expect_floats(std::size_t received, std::size_t count, int rank);
+
 /// `count` slots of `bytes` each, for each segment in flight (`sets`),
 /// carved in one piece.
 struct Slots {
@@ -76,9 +83,6 @@ struct Wire {
   Codec* kept(Algorithm a) const { return a == Algorithm::ScatterReduce ? server : codec; }
 };
 
-/// Which halves of scatter_reduce a phase runs (hierarchical runs them apart).
-enum class Half { Both, ReduceOnly, GatherOnly };
-
 /// One call of allreduce() or reduce_scatter() (o.algorithm ReduceScatter):
 /// checks, agreement, state, workspace, the algorithm. `name` is for errors.
 void run_collective(const AllreduceOptions& o, const char* name);
@@ -105,6 +109,13 @@ struct Run {
   bool exact;          // the transport reports received sizes; else send whole slots
   bool device_memory;  // the transport takes device buffers (NCCL)
   std::vector<std::pair<Clock::time_point, Clock::time_point>> busy;  // flights' [start, end]
+  // The workspace's per-call tables (sized in prepare_workspace): the ops of
+  // one exchange, the bytes received per slot (a row per exchange in
+  // flight), the payloads of one sum.
+  std::vector<SendOp>& send_ops;
+  std::vector<RecvOp>& recv_ops;
+  std::vector<std::size_t>& received_bytes;
+  std::vector<PayloadRef>& payload_refs;
 
   explicit Run(const AllreduceOptions& opt);
   /// Sizing only: the layout of a call on `ranks` ranks, no transport.
@@ -123,18 +134,7 @@ struct Run {
   std::pair<std::size_t, std::size_t> layout_bytes();
   void finish_stats(Clock::time_point start);
 
-  // allreduce_flat.cc: the algorithms over one group, on count elements of
-  // buf (residual: the worker EF state of those elements; server: the
-  // server EF state of this member's chunk). Each takes its slots from
-  // `wire_carve` (transport-visible memory) and `local` (chunk sums).
-  /// `keep` (hierarchical): the payloads of the last step stay, segment s of
-  /// member j at keep->at(s, j), to be passed to the node after.
-  void allgather(const Group& g, float* buf, float* residual, std::size_t count, float scale, Wire w,
-                 Carve& wire_carve, Slots* keep = nullptr);
-  /// Half::ReduceOnly leaves member j with the sum of chunk j (times scale)
-  /// in place; Half::GatherOnly then gives every member every chunk.
-  void scatter_reduce(const Group& g, float* buf, float* residual, float* server, std::size_t count, float scale,
-                      Wire w, Carve& wire_carve, Carve& local, Half half = Half::Both, Slots* keep = nullptr);
+  // What the algorithms (comm/algorithms/) share.
   /// Sums the members' contributions to one segment of `count` elements into
   /// `target`, in member order (the first overwrites, the last scales): their
   /// floats in `slots` (raw; this member's are `own`), or their payloads there
@@ -143,27 +143,8 @@ struct Run {
   void sum_segment(const Group& g, const Wire& w, const Slots& slots, std::size_t set, const std::size_t* received,
                    const float* own, std::size_t own_bytes, std::size_t count, std::size_t cap, float scale_by,
                    float* target);
-  /// The flat algorithm `a` over group g (dispatch of the two above;
-  /// ReduceScatter: scatter_reduce's Half::ReduceOnly).
-  /// Segments and codec are chosen for `unit_count` elements (0: count):
-  /// the same for every shard of a node in hierarchical.
-  void flat(Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count, float scale,
-            Carve& wire_carve, Carve& local, Slots* keep = nullptr, std::size_t unit_count = 0);
-  /// How `a` over `members` ranks cuts `unit_count` elements (flat's choice).
-  Wire flat_wire(Algorithm a, int members, std::size_t unit_count);
-  /// Segments of a member's run of `count` elements under `a` (flat's).
-  static std::size_t flat_segments(Algorithm a, int members, std::size_t count, std::size_t seg);
-  /// Decodes what flat kept of a run of `count` elements into buf (as its
-  /// owner decoded it): `kept` holds flat_segments sets of `members` payloads.
-  void decode_kept(Algorithm a, int members, const Wire& w, const Slots& kept, std::size_t count, float* buf,
-                   float scale);
   /// Bytes of a kept payload of a segment of `count` elements at `slot`.
   std::size_t kept_size(const Codec& c, const std::byte* slot, std::size_t count, std::size_t cap) const;
-
-  // allreduce_hierarchical.cc
-  void hierarchical(Carve& wire_carve, Carve& local);
-  void share_with_node(const Group& node, Algorithm inner, int N, const Slots& kept, std::size_t largest_shard,
-                       Carve& wire_carve);
 
   // Shared pieces.
   /// How a phase cuts a run of `unit` elements (the length the unsegmented

@@ -1,5 +1,6 @@
 #include "comm/engine/collective.h"
 
+#include "comm/algorithms/algorithm.h"
 #include "common/error.h"
 
 namespace gz {
@@ -25,11 +26,19 @@ ReduceOp parse_reduce_op(std::string_view s) {
 
 Algorithm parse_algorithm(std::string_view s) {
   if (s == "auto") return Algorithm::Auto;
-  if (s == "allgather") return Algorithm::Allgather;
-  if (s == "scatter_reduce" || s == "scatter-reduce") return Algorithm::ScatterReduce;
-  if (s == "hierarchical") return Algorithm::Hierarchical;
-  GZ_THROW(InvalidArgument, "unknown allreduce algorithm '", s,
-           "'; valid: auto, allgather, scatter_reduce, hierarchical");
+  if (s == "scatter-reduce") s = "scatter_reduce";
+  for (const AlgorithmDescriptor* d : all_algorithms())
+    if (d->allreduce && d->name == s) return d->id;
+  std::string valid;
+  for (const std::string& name : allreduce_algorithm_names()) valid += (valid.empty() ? "" : ", ") + name;
+  GZ_THROW(InvalidArgument, "unknown allreduce algorithm '", s, "'; valid: ", valid);
+}
+
+std::vector<std::string> allreduce_algorithm_names() {
+  std::vector<std::string> names{"auto"};
+  for (const AlgorithmDescriptor* d : all_algorithms())
+    if (d->allreduce) names.emplace_back(d->name);
+  return names;
 }
 
 }  // namespace gz

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace gz {
 
@@ -26,7 +28,11 @@ const char* to_string(ReduceOp op);
 const char* to_string(Algorithm a);
 /// "sum" | "avg"/"average"; throws InvalidArgument listing the choices.
 ReduceOp parse_reduce_op(std::string_view s);
-/// "auto" | "allgather" | "scatter_reduce" | "hierarchical"; throws InvalidArgument.
+/// "auto" or an allreduce algorithm's name (comm/algorithms/registry.h:
+/// allgather, scatter_reduce, hierarchical); throws InvalidArgument listing them.
 Algorithm parse_algorithm(std::string_view s);
+/// What parse_algorithm takes: "auto", then each allreduce algorithm's name
+/// in registry order (Python's and the sweep's list).
+std::vector<std::string> allreduce_algorithm_names();
 
 }  // namespace gz

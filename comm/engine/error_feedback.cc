@@ -16,7 +16,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "comm/engine/allreduce.h"
+#include "comm/algorithms/algorithm.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
 #include "common/error.h"
@@ -75,18 +75,11 @@ std::pair<std::uint64_t, std::uint64_t> ErrorFeedback::residual_counts(const Cod
                                                                        int rank, int world, Algorithm algorithm,
                                                                        const Topology* topology) {
   if (!codec.ef) return {0, 0};
-  if (algorithm != Algorithm::Hierarchical)
-    return {n, algorithm == Algorithm::ScatterReduce ? chunk_range(n, world, rank).count : 0};
-  // Hierarchical: this rank's shard of its node, and (when the nodes run
-  // scatter_reduce across) its node's chunk of that shard.
-  GZ_ENFORCE(topology != nullptr, "the hierarchical allreduce needs the topology");
-  const int node = topology->node[static_cast<std::size_t>(rank)];
-  const auto local = topology->members(node);
-  const int L = static_cast<int>(local.size()), N = topology->nodes();
-  const int l = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
-  const std::uint64_t shard = chunk_range(n, L, l).count;
-  const Algorithm inner = resolve_algorithm(Algorithm::Auto, codec, N);
-  return {shard, inner == Algorithm::ScatterReduce ? chunk_range(shard, N, node).count : 0};
+  // The algorithm's own layout (comm/algorithms/<algorithm>.cc).
+  const AlgorithmDescriptor& d = algorithm_descriptor(algorithm);
+  GZ_ENFORCE(topology != nullptr || !d.uniform_nodes, "the ", d.name, " allreduce needs the topology");
+  const Topology flat = topology ? Topology{} : Topology::flat(world);
+  return d.residual_counts(codec, n, rank, topology ? *topology : flat);
 }
 
 std::string ErrorFeedback::save() const {
