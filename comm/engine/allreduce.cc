@@ -203,7 +203,7 @@ void Run::prepare_workspace() {
   if (ws.received_.size() != 4 * P_) {
     ws.sends_.reserve(P_);
     ws.recvs_.reserve(P_);
-    ws.received_.assign(4 * P_, 0);  // a row per exchange in flight (allreduce_flat.cc)
+    ws.received_.assign(4 * P_, 0);  // a row per exchange in flight (comm/algorithms/)
     ws.payloads_.reserve(P_);
     ws.inputs_.reserve(P_);
   }

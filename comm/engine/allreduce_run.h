@@ -106,7 +106,7 @@ struct Run {
   ExecContext exec;
   AllreduceStats stats;
   PhaseTimer timer;
-  bool exact;          // the transport reports received sizes; else send whole slots
+  bool exact;          // the transport reports received sizes; else send what the receive posts (send_size)
   bool device_memory;  // the transport takes device buffers (NCCL)
   std::vector<std::pair<Clock::time_point, Clock::time_point>> busy;  // flights' [start, end]
   // The workspace's per-call tables (sized in prepare_workspace): the ops of

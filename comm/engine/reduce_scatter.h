@@ -16,7 +16,7 @@
 //   // grad[mine.offset, mine.offset + mine.count) now holds this rank's chunk of the average
 //
 // It is the allreduce engine's scatter_reduce stopped after its reduce
-// (allreduce_flat.cc, Half::ReduceOnly): segment s of chunk j is encoded
+// (comm/algorithms/scatter_reduce.cc, Half::ReduceOnly): segment s of chunk j is encoded
 // with this rank's error feedback and sent to rank j, which sums the P
 // payloads in rank order. Pipelined as the allreduce is; traffic per rank
 // (P-1)/P payloads of the buffer, half of scatter_reduce's.

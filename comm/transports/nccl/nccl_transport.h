@@ -13,7 +13,7 @@
 // segment) overlap the transfers, and nothing blocks the host; synchronize(ctx)
 // waits, polling ncclCommGetAsyncError against the deadline. Buffers must be
 // device memory. NCCL needs the receiver to know the byte count, so
-// exact_sizes() is false: senders send whole slots.
+// exact_sizes() is false: senders send exactly what the receive posts.
 #pragma once
 
 #include <memory>
