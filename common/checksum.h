@@ -2,7 +2,7 @@
 // arrive intact: saved error-feedback states (hundreds of MB) and the blobs
 // ranks publish for each other. It catches corruption (truncation, flipped
 // bits, a value written over), not forgery: what must be authenticated is
-// MACed with the job's token (comm/crypto.h).
+// MACed with the job's token (comm/security/crypto.h).
 //
 // Four independent multiply-rotate lanes over 32-byte stripes, so it runs at
 // memory speed; the tail and the length are folded in, then mixed so that

@@ -78,7 +78,7 @@ struct CodecDescriptor {
   /// The spec scatter_reduce re-encodes the chunk sums with (its second,
   /// "server" phase), when not the codec itself: a chunk sum is compressed
   /// once for every rank, so its error is not averaged over the ranks as the
-  /// first phase's is (comm/allreduce.h, server_codec_config). Empty: itself.
+  /// first phase's is (comm/engine/allreduce.h, server_codec_config). Empty: itself.
   std::string_view server_spec = {};
   /// Segments of a pipelined allreduce hold a whole multiple of this many
   /// elements, so that segmenting changes no bit (onebit: its block).

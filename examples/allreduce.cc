@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/engine/communicator.h"
 
 int main() {
   auto comm = gz::Communicator::from_env(gz::TransportKind::Ucx);  // MASTER_ADDR, RANK, ...

@@ -8,10 +8,10 @@
 #include <cstring>
 #include <vector>
 
-#include "comm/memory.h"
+#include "comm/base/memory.h"
 #include "common/error.h"
 #if GZ_HAVE_NCCL
-#include "comm/nccl/nccl_transport.h"
+#include "comm/transports/nccl/nccl_transport.h"
 #endif
 
 namespace gz::bench {

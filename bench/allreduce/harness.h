@@ -6,7 +6,7 @@
 #include <string>
 
 #include "bench/allreduce/options.h"
-#include "comm/communicator.h"
+#include "comm/engine/communicator.h"
 
 namespace gz::bench {
 

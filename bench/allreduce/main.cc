@@ -11,10 +11,10 @@
 #include "bench/allreduce/harness.h"
 #include "bench/allreduce/options.h"
 #include "bench/allreduce/report.h"
-#include "comm/communicator.h"
+#include "comm/engine/communicator.h"
 #include "common/error.h"
 #if GZ_HAVE_UCX
-#include "comm/ucx/ucx_transport.h"
+#include "comm/transports/ucx/ucx_transport.h"
 #endif
 
 int main(int argc, char** argv) {

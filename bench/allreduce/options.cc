@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/units.h"
 #include "compressors/descriptor.h"
 #include "compressors/spec.h"
 
@@ -64,6 +65,7 @@ void usage(FILE* f) {
                "  --jsonl FILE       append each row to FILE as one JSON line when it finishes\n"
                "  --timeout S        seconds before a silent peer is an error (default GRADZIP_TIMEOUT_S or 60)\n"
                "  --list-codecs      print the codec registry as JSON and exit\n"
+               "  --list-algorithms  print the allreduce algorithms (--algorithm's values) as JSON and exit\n"
                "Codecs: %s\n",
                joined(default_codecs()).c_str(), std::string(codec_names()).c_str());
 }
@@ -84,22 +86,11 @@ int parse_count(const char* s, const char* what) {
 }  // namespace
 
 std::size_t parse_size(const std::string& s) {
-  if (s.empty()) GZ_THROW(InvalidArgument, "empty size");
-  std::size_t mult = 1, len = s.size();
-  switch (s.back()) {
-    case 'K': case 'k': mult = std::size_t{1} << 10; --len; break;
-    case 'M': case 'm': mult = std::size_t{1} << 20; --len; break;
-    case 'G': case 'g': mult = std::size_t{1} << 30; --len; break;
-    default: break;
+  try {
+    return static_cast<std::size_t>(units::parse_count(s));  // the one parser (common/units.h)
+  } catch (const std::invalid_argument& e) {
+    GZ_THROW(InvalidArgument, e.what());
   }
-  std::size_t v = 0;
-  if (len == 0) GZ_THROW(InvalidArgument, "size '", s, "' has no number");
-  for (std::size_t i = 0; i < len; ++i) {
-    if (s[i] < '0' || s[i] > '9') GZ_THROW(InvalidArgument, "size '", s, "' is not a count like 64, 1K, 16M");
-    v = v * 10 + static_cast<std::size_t>(s[i] - '0');
-    if (v > (std::size_t{1} << 40)) GZ_THROW(InvalidArgument, "size '", s, "' is too large");
-  }
-  return v * mult;
 }
 
 std::size_t parse_bytes(const std::string& s) { return parse_size(s); }
@@ -117,6 +108,7 @@ Options parse_options(int argc, char** argv) {
                                  {"jsonl", required_argument, nullptr, 'l'},
                                  {"timeout", required_argument, nullptr, 'T'},
                                  {"list-codecs", no_argument, nullptr, 'L'},
+                                 {"list-algorithms", no_argument, nullptr, 'A'},
                                  {"segment", required_argument, nullptr, 'S'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
@@ -160,6 +152,12 @@ Options parse_options(int argc, char** argv) {
           break;
         case 'h': usage(stdout); std::exit(0);
         case 'L': list_codecs(); std::exit(0);
+        case 'A': {
+          std::string out = "[";
+          for (const std::string& name : allreduce_algorithm_names()) out += (out.size() > 1 ? ", \"" : "\"") + name + "\"";
+          std::printf("%s]\n", out.c_str());
+          std::exit(0);
+        }
         default: usage(stderr); std::exit(2);
       }
     }

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/allreduce.h"
-#include "comm/communicator.h"
+#include "comm/engine/allreduce.h"
+#include "comm/engine/communicator.h"
 
 namespace gz::bench {
 

@@ -1,6 +1,6 @@
 #include "comm/store/sealed_store.h"
 
-#include "comm/crypto.h"
+#include "comm/security/crypto.h"
 #include "common/bytes.h"
 #include "common/error.h"
 

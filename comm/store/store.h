@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "comm/env.h"
+#include "comm/base/env.h"
 
 namespace gz {
 

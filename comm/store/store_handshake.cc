@@ -1,6 +1,6 @@
 #include "comm/store/store_handshake.h"
 
-#include "comm/crypto.h"
+#include "comm/security/crypto.h"
 #include "common/bytes.h"
 
 namespace gz::store_hs {

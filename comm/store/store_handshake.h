@@ -28,7 +28,7 @@
 #include <string>
 #include <string_view>
 
-#include "comm/job_identity.h"
+#include "comm/security/job_identity.h"
 
 namespace gz::store_hs {
 

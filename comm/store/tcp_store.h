@@ -1,7 +1,7 @@
 // TcpStore: the Store every rank of a job shares. Rank 0 hosts the server (a
 // background thread in its process); every rank, rank 0 included, is a
 // client. Configured torchrun-style: from_env() reads MASTER_ADDR,
-// MASTER_PORT, RANK, WORLD_SIZE, and GRADZIP_JOB_TOKEN (comm/job_identity.h).
+// MASTER_PORT, RANK, WORLD_SIZE, and GRADZIP_JOB_TOKEN (comm/security/job_identity.h).
 //
 // What it trusts: the job's token. A connection is served only after the
 // handshake (store_handshake.h) proves, both ways, that each end knows the
@@ -21,7 +21,7 @@
 #include <memory>
 #include <mutex>
 
-#include "comm/job_identity.h"
+#include "comm/security/job_identity.h"
 #include "comm/store/socket.h"
 #include "comm/store/store.h"
 

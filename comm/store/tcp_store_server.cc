@@ -35,7 +35,7 @@
 #include <map>
 #include <thread>
 
-#include "comm/crypto.h"
+#include "comm/security/crypto.h"
 #include "comm/store/store_handshake.h"
 #include "comm/store/store_protocol.h"
 #include "comm/store/tcp_store.h"

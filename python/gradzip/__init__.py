@@ -71,3 +71,10 @@ __all__ = [
 ]
 if BUILD["comm"]:
     __all__ += ["AllreduceState", "Communicator", "server_codec_spec"]
+
+# The collective algorithms' registry (issue 23): names, descriptions and
+# each one's cost formula, from C++ (comm/algorithms/registry.h).
+if BUILD["comm"]:
+    from ._core import algorithm_wire_cost, algorithms, allreduce_algorithm_names
+
+    __all__ += ["algorithm_wire_cost", "algorithms", "allreduce_algorithm_names"]

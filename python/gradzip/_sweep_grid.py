@@ -19,13 +19,11 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ._sweep_registry import codec_names
+from ._sweep_registry import algorithm_names, codec_names, core
 
 #: A point's mode: a bare allreduce (gradzip-bench), torch's gloo allreduce
 #: (the outside baseline), or a training run (--train digits).
 MODES = ("allreduce", "gloo", "train")
-
-ALGORITHMS = ("auto", "allgather", "scatter_reduce")
 
 LOCAL = "local"  # no emulated link: ranks on loopback / shared memory
 
@@ -86,15 +84,24 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE]\d+)?)\s*([kKmMgG]?)\s*$")
 
 def parse_size(value: int | str) -> int:
     """An element count: 1048576, "1M" (K/M/G are powers of 1024, as in
-    gradzip-bench), "25.6e6" or 1e8 (decimal counts for round model sizes)."""
+    gradzip-bench), "25.6e6" or 1e8 (decimal counts for round model sizes).
+    Parsed by C++ (common/units.h, gradzip-bench's own parser) when the
+    extension is installed; the fallback below follows the same grammar
+    (tests/cluster/test_sweep.py checks that they agree)."""
     if isinstance(value, bool):
         raise GridError(f"size {value!r} is not a count")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, float):
+    if isinstance(value, float):
         if not value.is_integer():
             raise GridError(f"size {value} is not a whole number of elements")
-        n = int(value)
+        value = int(value)
+    c = core()
+    if c is not None and isinstance(value, str):
+        try:
+            n = int(c.parse_count(value))
+        except ValueError as e:
+            raise GridError(str(e)) from None
+    elif isinstance(value, int):
+        n = value
     else:
         m = _SIZE.match(value)
         if not m:
@@ -116,13 +123,24 @@ _RATE_MULT = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 
 def parse_link(text: str) -> str:
     """Checks a link as gradzip-run --link takes it ("1gbit", "10gbit,50us")
-    or "local"; returns it lower-cased without spaces."""
+    or "local"; returns it lower-cased without spaces. Checked by the
+    launcher's own parser (common/units.h) when the extension is installed."""
     t = text.strip().lower().replace(" ", "")
     if t == LOCAL:
         return t
+    c = core()
+    if c is not None:
+        try:
+            c.parse_link(t)
+        except ValueError as e:
+            raise GridError(f"link '{text}': {e} (or 'local')") from None
+        return t
     rate, _, delay = t.partition(",")
-    if not _RATE.match(rate):
+    m = _RATE.match(rate)
+    if not m:
         raise GridError(f"link '{text}': the rate needs a unit, e.g. 100mbit, 1gbit, 10gbit (or 'local')")
+    if not 1e5 <= float(m.group(1)) * _RATE_MULT[m.group(2)] <= 4e12:
+        raise GridError(f"link '{text}': the rate is outside 100kbit..4tbit")
     if delay and not _DELAY.match(delay):
         raise GridError(f"link '{text}': the delay needs a unit, e.g. 50us or 1ms")
     return t
@@ -132,6 +150,9 @@ def link_rate_bps(link: str) -> float | None:
     """Bits per second of a link, None for "local"."""
     if link == LOCAL:
         return None
+    c = core()
+    if c is not None:
+        return float(c.parse_link(link)["rate_bps"])
     m = _RATE.match(link.partition(",")[0])
     assert m, link
     return float(m.group(1)) * _RATE_MULT[m.group(2)]
@@ -206,8 +227,8 @@ def make_grid(codecs: str | Sequence[str], algorithms: Iterable[str], sizes: Ite
         raise GridError("no codecs to sweep")
     algs = [a.strip().replace("-", "_") for a in algorithms]
     for a in algs:
-        if a not in ALGORITHMS:
-            raise GridError(f"algorithm '{a}': valid: {', '.join(ALGORITHMS)}")
+        if a not in algorithm_names():
+            raise GridError(f"algorithm '{a}': valid: {', '.join(algorithm_names())}")
     ns = [parse_size(s) for s in sizes]
     ps = [int(r) for r in ranks]
     for r in ps:

@@ -105,3 +105,30 @@ def codec_names() -> tuple[str, ...]:
 def default_codecs() -> str:
     """Every codec's first benchmark spec, as a spec grid (gradzip-bench's default list)."""
     return ",".join(c["bench_specs"][0][1] for c in registry())
+
+
+@functools.lru_cache(maxsize=None)
+def core() -> Any:
+    """gradzip's compiled extension with its communication part (the one
+    source of algorithm names, counts and links: comm/algorithms/registry.h,
+    common/units.h), or None when it is not installed."""
+    try:
+        from . import _core
+    except ImportError:
+        return None
+    return _core if hasattr(_core, "allreduce_algorithm_names") else None
+
+
+@functools.lru_cache(maxsize=None)
+def algorithm_names() -> tuple[str, ...]:
+    """What --algorithms takes: 'auto' and the registry's allreduce algorithms
+    (gradzip.allreduce_algorithm_names(), else gradzip-bench --list-algorithms)."""
+    c = core()
+    if c is not None:
+        return tuple(c.allreduce_algorithm_names())
+    bench = find_binary("gradzip-bench")
+    if bench is None:
+        raise RuntimeError("the algorithm registry needs gradzip's extension or gradzip-bench (pip install "
+                           "gradzip, build the project, or set GRADZIP_BIN_DIR)")
+    out = subprocess.run([bench, "--list-algorithms"], check=True, capture_output=True, text=True, timeout=60)
+    return tuple(json.loads(out.stdout))

@@ -8,7 +8,7 @@ An :class:`ErrorFeedback` serves one of two roles, fixed by its first use:
   encodes that keys random draws.
 - ``"collective"``: :meth:`gradzip.Communicator.allreduce` and
   :meth:`~gradzip.Communicator.reduce_scatter` keep their residuals in C++
-  (``gz::ErrorFeedback``, comm/error_feedback.h: the worker residual, and for
+  (``gz::ErrorFeedback``, comm/engine/error_feedback.h: the worker residual, and for
   scatter_reduce the server residual of this rank's chunk), which this object
   owns.
 

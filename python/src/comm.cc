@@ -14,6 +14,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -24,13 +25,15 @@
 #include "arrays.h"
 #include "bindings.h"
 #include "codec_handle.h"
-#include "comm/agreement.h"
+#include "comm/algorithms/algorithm.h"
+#include "comm/engine/agreement.h"
 #include "py_transport.h"
-#include "comm/allreduce.h"
-#include "comm/communicator.h"
+#include "comm/engine/allreduce.h"
+#include "comm/engine/communicator.h"
 #include "comm/store/prefix_store.h"
 #include "comm/store/sealed_store.h"
 #include "common/error.h"
+#include "common/units.h"
 
 namespace nb = nanobind;
 
@@ -275,6 +278,77 @@ nb::object layout(const gz::ErrorFeedback& s) {
 }  // namespace
 
 void bind_comm(nb::module_& m) {
+  // The algorithm registry (comm/algorithms/registry.h): Python, the hook,
+  // BlockMomentum and the sweep take names and costs from here.
+  m.def("allreduce_algorithm_names", &gz::allreduce_algorithm_names,
+        "What an allreduce's `algorithm` takes: 'auto', then each allreduce algorithm of the registry.");
+  m.def("algorithms", [] {
+          nb::list out;
+          for (const gz::AlgorithmDescriptor* d : gz::all_algorithms()) {
+            nb::dict e;
+            e["name"] = std::string(d->name);
+            e["summary"] = std::string(d->summary);
+            e["allreduce"] = d->allreduce;
+            e["uniform_nodes"] = d->uniform_nodes;
+            out.append(e);
+          }
+          return out;
+        },
+        "Every collective algorithm (comm/algorithms/registry.h), in registry order: dicts of name,\n"
+        "summary, allreduce (False: a collective of its own, reduce_scatter) and uniform_nodes (needs\n"
+        "the same number of ranks on every node).");
+  m.def("algorithm_wire_cost",
+        [](std::string_view algorithm, std::string_view codec, std::uint64_t n, int ranks, int rank,
+           std::optional<std::string> server_codec, std::optional<std::vector<int>> nodes) {
+          const gz::AlgorithmDescriptor* d = gz::find_algorithm(algorithm == "scatter-reduce" ? "scatter_reduce" : algorithm);
+          if (!d) GZ_THROW(gz::InvalidArgument, "unknown algorithm '", algorithm, "' (auto: resolve it first)");
+          GZ_ENFORCE(ranks >= 1, "ranks must be >= 1, got ", ranks);
+          GZ_ENFORCE(rank >= 0 && rank < ranks, "rank must be in [0, ", ranks, "), got ", rank);
+          gz::CostQuery q;
+          q.codec = gz::parse_spec(codec);
+          q.server = server_codec ? gz::parse_spec(*server_codec) : gz::server_codec_config(q.codec);
+          q.n = n;
+          q.rank = rank;
+          gz::Topology topo = gz::Topology::flat(ranks);
+          if (nodes) {
+            GZ_ENFORCE(static_cast<int>(nodes->size()) == ranks, "nodes names ", nodes->size(), " ranks, not ", ranks);
+            // Renumbered in the order of each node's lowest rank (Topology's rule).
+            std::vector<int> seen;
+            for (std::size_t r = 0; r < nodes->size(); ++r) {
+              const int k = (*nodes)[r];
+              auto it = std::find(seen.begin(), seen.end(), k);
+              if (it == seen.end()) it = seen.insert(seen.end(), k);
+              topo.node[r] = static_cast<int>(it - seen.begin());
+            }
+          }
+          q.topology = &topo;
+          const gz::WireCost c = d->wire_cost(q);
+          nb::dict out;
+          out["bytes"] = c.bytes;
+          out["remote_bytes"] = c.remote_bytes;
+          out["messages"] = c.messages;
+          out["rounds"] = c.rounds;
+          return out;
+        },
+        nb::arg("algorithm"), nb::arg("codec"), nb::arg("n"), nb::arg("ranks"), nb::arg("rank") = 0,
+        nb::arg("server_codec") = nb::none(), nb::arg("nodes") = nb::none(),
+        "The algorithm's cost formula (its descriptor's wire_cost) for one call: the payload bytes rank\n"
+        "`rank` of `ranks` sends (whole-chunk payloads; each extra pipeline segment adds a 32-byte\n"
+        "header), the part to other nodes (`nodes`: each rank's node index; default one node per\n"
+        "rank), its messages and its sequential rounds. A dict: bytes, remote_bytes, messages, rounds.");
+  m.def("parse_count", [](std::string_view text) { return gz::units::parse_count(text); }, nb::arg("text"),
+        "An element count as gradzip-bench --sizes takes it: 1048576, '16M' (K/M/G: powers of 1024),\n"
+        "'25.6e6'; whole, 1..2^40. ValueError otherwise (common/units.h).");
+  m.def("parse_link", [](std::string_view text) {
+          const gz::units::Link l = gz::units::parse_link(text);
+          nb::dict out;
+          out["rate_bps"] = l.rate_bps;
+          out["delay_ns"] = l.delay_ns;
+          return out;
+        },
+        nb::arg("text"),
+        "A link as gradzip-run --link takes it ('1gbit', '10gbit,50us'): dict of rate_bps and delay_ns.\n"
+        "ValueError otherwise (common/units.h, the launcher's own parser).");
   m.def("server_codec_spec",
         [](std::string_view spec) { return gz::server_codec_config(gz::parse_spec(spec)).canonical(); },
         nb::arg("spec"),
@@ -375,7 +449,7 @@ void bind_comm(nb::module_& m) {
         },
         nb::arg("store"), nb::arg("prefix"), nb::arg("index"), nb::arg("rank"), nb::arg("size"), nb::arg("fields"),
         nb::arg("timeout"), nb::arg("round"), nb::arg("mismatch"),
-        "gradzip's agreement (comm/agreement.h) through a torch.distributed store, every value sealed with\n"
+        "gradzip's agreement (comm/engine/agreement.h) through a torch.distributed store, every value sealed with\n"
         "the job's key: InvalidArgument on every rank on a mismatch, IoError when a rank does not take part\n"
         "within the timeout or a value is not a member's (the DDP hook's agreement).");
   m.def("_default_timeout_s", [] { return static_cast<double>(gz::default_timeout().count()) / 1000.0; },

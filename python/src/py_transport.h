@@ -24,7 +24,8 @@
 // Any exception it raises becomes gz::IoError, and breaks the transport.
 //
 // Sizes: a receive learns only its own size (exact_sizes() is false), as
-// torch's P2P calls report none; the algorithms then send whole slots.
+// torch's P2P calls report none; the algorithms then send exactly what the
+// receive posts (the codec's size for the segment's count).
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -37,7 +38,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/transport.h"
+#include "comm/transports/transport.h"
 
 namespace gzpy {
 

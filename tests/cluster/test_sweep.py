@@ -82,6 +82,27 @@ def test_links() -> None:
             grid.parse_link(bad)
 
 
+def test_sizes_links_and_algorithms_match_the_cpp_ones_when_the_extension_is_there(monkeypatch) -> None:
+    core = registry.core()
+    if core is None:
+        pytest.skip("gradzip's compiled extension (with comm) is not installed")
+    assert registry.algorithm_names() == tuple(core.allreduce_algorithm_names())
+    assert "hierarchical" in registry.algorithm_names()
+    sizes = ["1048576", "1M", "16m", "64K", "25.6e6", "100000000", "1e8", "", "1.5", "M", "-3", "1T", "0", "2.5K"]
+    links = ["1gbit", "10gbit,50us", "2.5gbit", "1gbps", "fast", "1gbit,50", "10kbit", "5tbit"]
+    with_cpp = [_outcome(grid.parse_size, v) for v in sizes] + [_outcome(grid.parse_link, v) for v in links]
+    monkeypatch.setattr(grid, "core", lambda: None)  # the fallback, as without the extension
+    without = [_outcome(grid.parse_size, v) for v in sizes] + [_outcome(grid.parse_link, v) for v in links]
+    assert with_cpp == without
+
+
+def _outcome(fn, value):  # type: ignore[no-untyped-def]
+    try:
+        return fn(value)
+    except grid.GridError:
+        return "error"
+
+
 def test_points_put_gloo_first_and_keys_are_unique() -> None:
     g = grid.make_grid("none,topk:density=0.1,0.01", ["auto"], ["1M", "2M"], [2, 4], ["1gbit"], gloo=True)
     pts = g.points()

@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "comm/agreement.h"
+#include "comm/engine/agreement.h"
 #include "comm/store/hash_store.h"
 #include "comm/store/sealed_store.h"
 #include "tests/comm/thread_transport.h"

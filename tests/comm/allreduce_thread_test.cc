@@ -7,8 +7,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "comm/agreement.h"
-#include "comm/allreduce.h"
+#include "comm/engine/agreement.h"
+#include "comm/engine/allreduce.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
 #include "kernels/cast.h"

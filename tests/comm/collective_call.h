@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/allreduce.h"
-#include "comm/error_feedback.h"
-#include "comm/reduce_scatter.h"
+#include "comm/engine/allreduce.h"
+#include "comm/engine/error_feedback.h"
+#include "comm/engine/reduce_scatter.h"
 #include "tests/comm/reference.h"
 #include "tests/comm/thread_transport.h"
 

@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "comm/env.h"
+#include "comm/base/env.h"
 #include "common/error.h"
 #include "tests/comm/env_guard.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/transport.h"
+#include "comm/transports/transport.h"
 
 namespace gz::test {
 

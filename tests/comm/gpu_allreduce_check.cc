@@ -20,16 +20,16 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/env.h"
+#include "comm/engine/communicator.h"
+#include "comm/base/env.h"
 #include "comm/store/prefix_store.h"
 #include "comm/store/tcp_store.h"
 #include "common/cuda_check.h"
 #include "kernels/cuda.h"
 #if GZ_HAVE_NCCL
-#include "comm/nccl/nccl_transport.h"
+#include "comm/transports/nccl/nccl_transport.h"
 #endif
-#include "comm/ucx/ucx_transport.h"
+#include "comm/transports/ucx/ucx_transport.h"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include <map>
 #include <thread>
 
-#include "comm/communicator.h"
+#include "comm/engine/communicator.h"
 #include "common/error.h"
 #include "tests/comm/exchange_check.h"
 #include "tests/comm/multiprocess.h"

@@ -11,14 +11,14 @@
 #include <random>
 #include <thread>
 
-#include "comm/agreement.h"
-#include "comm/communicator.h"
-#include "comm/env.h"
-#include "comm/job_identity.h"
-#include "comm/peer_blob.h"
+#include "comm/engine/agreement.h"
+#include "comm/engine/communicator.h"
+#include "comm/base/env.h"
+#include "comm/security/job_identity.h"
+#include "comm/security/peer_blob.h"
 #include "comm/store/hash_store.h"
 #include "comm/store/tcp_store.h"
-#include "comm/ucx/ucx_transport.h"
+#include "comm/transports/ucx/ucx_transport.h"
 #include "common/error.h"
 #include "tests/comm/multiprocess.h"
 #include "tests/comm/reference.h"

@@ -11,7 +11,7 @@
 #include <exception>
 #include <sstream>
 
-#include "comm/crypto.h"
+#include "comm/security/crypto.h"
 #include "comm/store/socket.h"
 #include "common/error.h"
 

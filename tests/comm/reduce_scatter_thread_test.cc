@@ -6,7 +6,7 @@
 // bits for codecs whose payload does not depend on where a segment starts.
 #include <gtest/gtest.h>
 
-#include "comm/reduce_scatter.h"
+#include "comm/engine/reduce_scatter.h"
 #include "tests/comm/collective_call.h"
 #include "tests/comm/reference.h"
 #include "tests/comm/thread_transport.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/allreduce.h"
+#include "comm/engine/allreduce.h"
 #include "common/fingerprint.h"
 #include "compressors/spec.h"
 

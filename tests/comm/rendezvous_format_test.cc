@@ -6,12 +6,12 @@
 
 #include <random>
 
-#include "comm/crypto.h"
-#include "comm/job_identity.h"
-#include "comm/peer_blob.h"
+#include "comm/security/crypto.h"
+#include "comm/security/job_identity.h"
+#include "comm/security/peer_blob.h"
 #include "comm/store/store_handshake.h"
 #include "comm/store/store_protocol.h"
-#include "comm/ucx/worker_address.h"
+#include "comm/transports/ucx/worker_address.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
 #include "common/error.h"

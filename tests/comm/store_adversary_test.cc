@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/crypto.h"
+#include "comm/security/crypto.h"
 #include "comm/store/store_handshake.h"
 #include "tests/comm/store_test_util.h"
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "comm/job_identity.h"
+#include "comm/security/job_identity.h"
 #include "comm/store/socket.h"
 #include "comm/store/store_protocol.h"
 #include "comm/store/tcp_store.h"

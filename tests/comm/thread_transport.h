@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "comm/store/hash_store.h"
-#include "comm/transport.h"
+#include "comm/transports/transport.h"
 #include "common/error.h"
 
 namespace gz::test {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/store/hash_store.h"
-#include "comm/topology.h"
+#include "comm/engine/topology.h"
 #include "common/error.h"
 #include "tests/comm/env_guard.h"
 

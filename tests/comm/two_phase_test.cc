@@ -7,7 +7,7 @@
 #include <functional>
 #include <optional>
 
-#include "comm/allreduce.h"
+#include "comm/engine/allreduce.h"
 #include "tests/comm/reference.h"
 #include "tests/comm/thread_transport.h"
 

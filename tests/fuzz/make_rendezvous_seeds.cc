@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "comm/agreement.h"
-#include "comm/crypto.h"
-#include "comm/job_identity.h"
-#include "comm/peer_blob.h"
+#include "comm/engine/agreement.h"
+#include "comm/security/crypto.h"
+#include "comm/security/job_identity.h"
+#include "comm/security/peer_blob.h"
 #include "comm/store/sealed_store.h"
 #include "comm/store/store_handshake.h"
 #include "comm/store/store_protocol.h"

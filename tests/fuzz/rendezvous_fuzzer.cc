@@ -17,12 +17,12 @@
 #include <string>
 #include <string_view>
 
-#include "comm/agreement.h"
-#include "comm/peer_blob.h"
+#include "comm/engine/agreement.h"
+#include "comm/security/peer_blob.h"
 #include "comm/store/sealed_store.h"
 #include "comm/store/store_handshake.h"
 #include "comm/store/store_protocol.h"
-#include "comm/ucx/worker_address.h"
+#include "comm/transports/ucx/worker_address.h"
 #include "common/bytes.h"
 #include "common/error.h"
 #include "tests/fuzz/ucx_address_samples.h"

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <string>
 
-#include "comm/allreduce.h"
+#include "comm/engine/allreduce.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
 #include "common/error.h"

@@ -1,5 +1,5 @@
 """A collective's saved error feedback, written byte by byte from its format
-(gz::ErrorFeedback::save, comm/error_feedback.cc), so that tests can load a
+(gz::ErrorFeedback::save, comm/engine/error_feedback.cc), so that tests can load a
 state with no ranks running and put into one what a damaged or edited file
 would hold."""
 

@@ -23,6 +23,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/units.h"
+
 namespace gz::launcher {
 namespace {
 
@@ -33,22 +35,6 @@ constexpr const char* kNetnsDir = "/run/netns";
 constexpr const char* kRankDev = "eth0";
 constexpr int kMaxNodes = 253;               // .1 .. .253 in one /24
 constexpr auto kToolTimeout = std::chrono::seconds(20);
-
-// Number + unit, e.g. "2.5gbit" -> (2.5, "gbit").
-std::pair<double, std::string> split_unit(std::string_view s, const char* what) {
-  std::string t(s);
-  std::size_t i = 0;
-  while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
-  if (i == 0) throw std::invalid_argument(std::string(what) + " '" + t + "' does not start with a number");
-  char* end = nullptr;
-  const std::string num = t.substr(0, i);
-  const double v = std::strtod(num.c_str(), &end);
-  if (*end || !(v > 0) || !std::isfinite(v))
-    throw std::invalid_argument(std::string(what) + " '" + t + "' is not a positive number with a unit");
-  std::string unit = t.substr(i);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return {v, unit};
-}
 
 // A child process of this launcher, in its own process group so that a
 // terminal's Ctrl-C (meant for the job) cannot kill it halfway through a
@@ -260,35 +246,11 @@ std::string cpu_mask() {
 }  // namespace
 
 LinkSpec parse_link(std::string_view text) {
+  const units::Link parsed = units::parse_link(text);  // the one parser (common/units.h)
   LinkSpec l;
   l.text = std::string(text);
-  const auto comma = text.find(',');
-  const std::string_view rate = text.substr(0, comma);
-  auto [r, ru] = split_unit(rate, "--link rate");
-  double mult = 0;
-  if (ru == "bit") mult = 1;
-  else if (ru == "kbit") mult = 1e3;
-  else if (ru == "mbit") mult = 1e6;
-  else if (ru == "gbit") mult = 1e9;
-  else if (ru == "tbit") mult = 1e12;
-  else
-    throw std::invalid_argument("--link rate '" + std::string(rate) +
-                                "' needs a unit: bit, kbit, mbit, gbit or tbit (bits per second, powers of 1000)");
-  const double bps = r * mult;
-  if (bps < 1e5 || bps > 4e12) throw std::invalid_argument("--link rate '" + std::string(rate) + "' is outside 100kbit..4tbit");
-  l.rate_bps = static_cast<std::uint64_t>(std::llround(bps));
-  if (comma != std::string_view::npos) {
-    const std::string_view delay = text.substr(comma + 1);
-    auto [d, du] = split_unit(delay, "--link delay");
-    double ns = 0;
-    if (du == "ns") ns = d;
-    else if (du == "us") ns = d * 1e3;
-    else if (du == "ms") ns = d * 1e6;
-    else if (du == "s") ns = d * 1e9;
-    else throw std::invalid_argument("--link delay '" + std::string(delay) + "' needs a unit: ns, us, ms or s");
-    if (ns > 10e9) throw std::invalid_argument("--link delay '" + std::string(delay) + "' is over 10 s");
-    l.delay_ns = static_cast<std::uint64_t>(std::llround(ns));
-  }
+  l.rate_bps = parsed.rate_bps;
+  l.delay_ns = parsed.delay_ns;
   return l;
 }
 

@@ -24,7 +24,7 @@
 // shared memory between nodes too and no byte crossed the shaped links.
 //
 // Ranks learn their node from the torchrun variables (LOCAL_RANK,
-// LOCAL_WORLD_SIZE, GROUP_RANK) and GRADZIP_NODE (comm/topology.h).
+// LOCAL_WORLD_SIZE, GROUP_RANK) and GRADZIP_NODE (comm/engine/topology.h).
 //
 // What it touches: only namespaces it creates and the devices inside them.
 // The host's own namespace gets no device, address or route. Teardown

@@ -30,7 +30,7 @@ import gradzip
 
 
 def chunks(n: int, ranks: int) -> List[tuple]:
-    """(offset, count) of each rank's chunk, as comm/allreduce.h's chunk_range."""
+    """(offset, count) of each rank's chunk, as comm/engine/allreduce.h's chunk_range."""
     base, extra = divmod(n, ranks)
     out, offset = [], 0
     for j in range(ranks):

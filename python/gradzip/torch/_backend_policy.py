@@ -33,13 +33,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import InvalidArgument
+from .. import InvalidArgument, _core
 from ..codec import Codec
 
 # The dtypes gradzip's engine reduces (16-bit ones on their float32 widening).
 ENGINE_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _DTYPE_NAMES = {"*", *ENGINE_DTYPES.values()}
-_ALGORITHMS = ("auto", "allgather", "scatter_reduce", "hierarchical")
+_ALGORITHMS = tuple(_core.allreduce_algorithm_names())  # the C++ registry (comm/algorithms/registry.h)
 _UNSET: Any = object()
 
 Rule = Tuple[str, int, str]

@@ -22,8 +22,8 @@ the rest of a larger receive as it was when a message is shorter. So each
 message travels as two: a 16-byte header (magic, the message's number on
 this pair, its length) under the communicator's tag, then the bytes under a
 tag of their own. A receive posts only the header; once it arrives and the
-length is exactly the receive's size (the algorithms send whole slots,
-comm/transport.h), the body is posted, in header order per peer. gloo moves
+length is exactly the receive's size (the algorithms send exactly what
+the receive posts: the codec's size for the segment, comm/transports/transport.h), the body is posted, in header order per peer. gloo moves
 a message's bytes only once its receive is posted, and reports a header's
 arrival only to a wait() on it, so one thread per transport (the poster)
 waits for the headers in the order they were posted and posts each body at

@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 
 import torch
 
+from .. import _core
 from ..codec import Codec
 from . import _block_exchange, _transports
 
@@ -28,7 +29,7 @@ _STATE_VERSION = 1
 # block_momentum="auto": measured (issue 22; docs/python.md, "Defaults and the local optimizer").
 _AUTO_ADAPTIVE = 0.0  # Adam-family local optimizers (the LM experiment)
 _AUTO_OTHER = 0.5     # SGD tuned for DDP (digits)
-_ALGORITHMS = ("auto", "allgather", "scatter_reduce")
+_ALGORITHMS = tuple(_core.allreduce_algorithm_names())  # the C++ registry (comm/algorithms/registry.h)
 
 
 class BlockMomentum:
@@ -116,8 +117,9 @@ class BlockMomentum:
             :class:`gradzip.Communicator` to use (made by the caller, e.g.
             ``Communicator.from_env``: then torch.distributed is not needed);
             by default one is made over ``process_group``'s ranks.
-        algorithm: the communicator's ``"auto"``, ``"allgather"`` or
-            ``"scatter_reduce"``.
+        algorithm: the communicator's ``"auto"``, ``"allgather"``,
+            ``"scatter_reduce"`` or ``"hierarchical"`` (the registry's
+            allreduce algorithms, ``gradzip.allreduce_algorithm_names()``).
         server_codec: the spec scatter_reduce re-encodes each chunk's sum
             with (:meth:`gradzip.Communicator.allreduce`); None: the codec's
             default (fp16 for onebit). ``algorithm="scatter_reduce",

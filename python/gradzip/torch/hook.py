@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.distributed as dist
 
+from .. import _core
 from ..codec import Codec
 from . import _agreement, _layout, _transports, _worker
 
@@ -15,7 +16,7 @@ __all__ = ["CompressionState", "compression_hook"]
 
 logger = logging.getLogger(__name__)
 
-_ALGORITHMS = ("auto", "allgather", "scatter_reduce", "hierarchical")
+_ALGORITHMS = tuple(_core.allreduce_algorithm_names())  # the C++ registry (comm/algorithms/registry.h)
 _STATE_VERSION = 2  # 2: residuals are the allreduce's (worker and server), for either transport
 
 

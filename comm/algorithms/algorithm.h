@@ -1,0 +1,101 @@
+// A collective algorithm's descriptor: what the engine, the error-feedback
+// state, Python and a cost model need to know about one algorithm, declared
+// once, in its comm/algorithms/<algorithm>.cc (as a codec's in
+// compressors/<codec>.cc), plus one line in comm/algorithms/registry.h:
+//
+//   extern const AlgorithmDescriptor allgather{
+//       .name = "allgather", .id = Algorithm::Allgather, .summary = "...",
+//       .run = run, .residual_counts = residuals, .wire_bytes = bytes, .steps = steps};
+//
+// The engine (comm/engine/) does what every algorithm shares: checks, the
+// agreement, the state, the workspace, segments and flights (detail::Run);
+// the descriptor's run() lays out its slots and moves the bytes.
+// Adding an algorithm: docs/ARCHITECTURE.md, "Adding a collective algorithm".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <utility>
+
+#include "comm/engine/collective.h"
+#include "comm/engine/topology.h"
+#include "compressors/spec.h"
+
+namespace gz {
+
+/// Chunk j of a buffer of n elements split over `ranks` ranks: the first
+/// n % ranks chunks have one element more. Empty chunks are fine (n < ranks).
+struct ChunkRange {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+ChunkRange chunk_range(std::size_t n, int ranks, int j);
+
+class WorkspaceCarver;
+namespace detail {
+struct Run;
+}  // namespace detail
+
+/// One call as a cost formula sees it: the codec (and scatter_reduce's
+/// server codec), the buffer, the ranks and their nodes.
+struct CostQuery {
+  CodecConfig codec;
+  CodecConfig server;       ///< the chunk sums' codec (server_codec_config(codec) unless given)
+  std::uint64_t n = 0;      ///< elements
+  int rank = 0;             ///< whose bytes (ranks may differ by a chunk's element)
+  const Topology* topology = nullptr;  ///< the ranks' nodes; its ranks() is the world size
+};
+
+/// What one rank sends in one call, and how many rounds it waits for.
+struct WireCost {
+  /// Payload bytes this rank sends to other ranks, each payload of the
+  /// codec's size for its whole run (one per chunk or buffer); the pipeline
+  /// adds one header (32 bytes) per extra segment. Codec none on the host
+  /// counts its floats (4 bytes each).
+  double bytes = 0;
+  /// The part of `bytes` that goes to ranks on other nodes.
+  double remote_bytes = 0;
+  /// Messages this rank sends (unsegmented: one per payload and peer).
+  std::uint64_t messages = 0;
+  /// Rounds that follow one another (each waits for the one before): a
+  /// time model's latency term is rounds x (link latency); segments overlap
+  /// the rounds of one another.
+  int rounds = 0;
+};
+
+struct AlgorithmDescriptor {
+  std::string_view name;  ///< as parse_algorithm() takes it
+  Algorithm id = Algorithm::Auto;
+  std::string_view summary;  ///< one line (help texts, docs)
+  /// An allreduce algorithm (AllreduceOptions::algorithm); false: a
+  /// collective of its own (reduce_scatter).
+  bool allreduce = true;
+  /// Needs the same number of ranks on every node (hierarchical).
+  bool uniform_nodes = false;
+  /// Runs the call on the engine's prepared Run: lays out its slots from
+  /// `wire` (transport-visible memory) and `local` (sums), and with a
+  /// sizing (null-based) carver returns right after.
+  void (*run)(detail::Run& run, WorkspaceCarver& wire, WorkspaceCarver& local) = nullptr;
+  /// Residual floats of this rank's error-feedback state (worker, server)
+  /// for a call of n elements (codec.ef; else the engine allocates none).
+  std::pair<std::uint64_t, std::uint64_t> (*residual_counts)(const CodecConfig& codec, std::uint64_t n, int rank,
+                                                             const Topology& topology) = nullptr;
+  /// The bytes and rounds of one call (cost models, tests, gradzip.algorithms()).
+  WireCost (*wire_cost)(const CostQuery& q) = nullptr;
+};
+
+/// Every algorithm, in Algorithm enum order (Auto aside).
+std::span<const AlgorithmDescriptor* const> all_algorithms();
+/// The algorithm with this name or id, or nullptr (Auto has none).
+const AlgorithmDescriptor* find_algorithm(std::string_view name);
+const AlgorithmDescriptor* find_algorithm(Algorithm id);
+/// The descriptor of `id`; InvalidArgument for Auto or an unknown id.
+const AlgorithmDescriptor& algorithm_descriptor(Algorithm id);
+
+/// Payload bytes of `count` elements of `codec` as an algorithm moves them
+/// (raw floats for a lossless codec on the host; 0 for 0 elements).
+double payload_bytes(const CodecConfig& codec, std::uint64_t count);
+
+}  // namespace gz

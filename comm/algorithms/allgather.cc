@@ -1,0 +1,121 @@
+// allgather: every rank's payload of the whole buffer to every rank.
+#include <algorithm>
+
+#include "comm/algorithms/flat.h"
+#include "comm/engine/allreduce.h"
+#include "common/error.h"
+
+namespace gz::detail {
+
+// allgather
+//
+// Segment s of the buffer: this member encodes it (worker EF) into its own
+// slot and sends that payload to every other member, receiving theirs into
+// their slots; then all P payloads are summed into the segment in member
+// order (decode_sum: the first overwrites, the last scales), the same
+// additions in the same order on every rank, so every rank gets the same
+// bits. Raw (fp32 on the host): the segment itself is sent and the received
+// floats summed with it in place. Traffic per rank: (P-1) payloads.
+void allgather(Run& run, const Group& g, float* buf, float* residual, std::size_t count, float scale_by, Wire w,
+               Carve& wire_carve, Slots* keep) {
+  const auto Pg = static_cast<std::size_t>(g.size()), m = static_cast<std::size_t>(g.me);
+  const std::size_t S = segment_count(count, w.seg);
+  const std::size_t cap = w.raw ? 4 * w.seg : w.codec->max_payload_bytes(w.seg);
+  // Two slot sets reused by parity; or, to keep them, one per segment.
+  const Slots slots(wire_carve, keep ? S : sets_for(S), Pg, cap);
+  if (keep) *keep = slots;
+  auto set_of = [&](std::size_t s) { return keep ? s : s % 2; };
+  run.stats.segments = std::max(run.stats.segments, S);
+  if (wire_carve.sizing()) return;
+
+  auto received = [&](std::size_t k, std::size_t i) -> std::size_t& { return run.received_bytes[k * Pg + i]; };
+  Flight flights[2];
+  auto post = [&](std::size_t s) {
+    const std::size_t k = s % 2, set = set_of(s);
+    const ChunkRange r = segment(count, w.seg, s);
+    ConstSlice out{buf + r.offset, 4 * r.count};
+    if (!w.raw) {
+      run.timer.begin();
+      const std::size_t bytes = w.codec->encode(buf + r.offset, residual ? residual + r.offset : nullptr, r.count,
+                                                slots.at(set, m), cap, run.exec);
+      run.timer.end(&run.stats.encode_s);
+      received(k, m) = bytes;
+      out = ConstSlice{slots.at(set, m), run.send_size(bytes, *w.codec, r.count)};
+      run.before_send();
+    }
+    run.send_ops.clear();
+    run.recv_ops.clear();
+    for (std::size_t i = 0; i < Pg; ++i) {
+      if (i == m) continue;
+      run.send_ops.push_back({g.ranks[i], out});
+      // Raw floats: receive exactly the segment, as a transport without
+      // exact sizes (torch's process group, NCCL) needs sends and receives
+      // of one size.
+      run.recv_ops.push_back(
+          {g.ranks[i], Slice{slots.at(set, i), w.raw ? 4 * r.count : run.recv_size(*w.codec, r.count, cap)}, &received(k, i)});
+    }
+    flights[k] = run.start(run.send_ops, run.recv_ops);
+  };
+  auto finish_segment = [&](std::size_t s) {
+    const std::size_t k = s % 2;
+    const ChunkRange r = segment(count, w.seg, s);
+    run.finish(flights[k]);
+    run.sum_segment(g, w, slots, set_of(s), &received(k, 0), buf + r.offset, received(k, m), r.count, cap, scale_by,
+                buf + r.offset);
+  };
+
+  try {
+    if (S > 0) post(0);
+    for (std::size_t s = 0; s < S; ++s) {
+      if (s + 1 < S) post(s + 1);
+      finish_segment(s);
+    }
+    run.check_decodes();
+  } catch (...) {
+    run.abort_flights(flights, "allgather failed on this rank");
+    throw;
+  }
+}
+
+namespace {
+
+void run_allgather(Run& run, Carve& wire, Carve& local) {
+  flat(run, Algorithm::Allgather, run.world(), run.floats, run.worker_residual(0), run.server_residual(), run.o.n,
+       run.scale(), wire, local);
+}
+
+// Rank me's bytes: its payload of the whole buffer to each of the P-1 others.
+WireCost allgather_cost(const CostQuery& q) {
+  const Topology& topo = *q.topology;
+  const int P = topo.ranks();
+  const double each = payload_bytes(q.codec, q.n);
+  WireCost c;
+  for (int j = 0; j < P; ++j) {
+    if (j == q.rank) continue;
+    c.bytes += each;
+    if (topo.node[static_cast<std::size_t>(j)] != topo.node[static_cast<std::size_t>(q.rank)]) c.remote_bytes += each;
+  }
+  c.messages = static_cast<std::uint64_t>(P - 1);
+  c.rounds = P > 1 ? 1 : 0;
+  return c;
+}
+
+std::pair<std::uint64_t, std::uint64_t> allgather_residuals(const CodecConfig&, std::uint64_t n, int, const Topology&) {
+  return {n, 0};  // the worker residual of the whole buffer
+}
+
+}  // namespace
+}  // namespace gz::detail
+
+namespace gz::algorithms {
+
+extern const AlgorithmDescriptor allgather{
+    .name = "allgather",
+    .id = Algorithm::Allgather,
+    .summary = "every rank's payload of the whole buffer to every rank, summed in rank order; (P-1) payloads per rank",
+    .run = detail::run_allgather,
+    .residual_counts = detail::allgather_residuals,
+    .wire_cost = detail::allgather_cost,
+};
+
+}  // namespace gz::algorithms

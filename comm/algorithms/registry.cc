@@ -1,0 +1,50 @@
+// The descriptors of every algorithm (registry.h's list), and what the
+// cost formulas share.
+#include "comm/algorithms/registry.h"
+
+#include "comm/algorithms/algorithm.h"
+#include "common/error.h"
+#include "compressors/codec.h"
+
+namespace gz {
+
+std::span<const AlgorithmDescriptor* const> all_algorithms() {
+  static constexpr const AlgorithmDescriptor* kAll[] = {
+#define GZ_ALGORITHM_ADDRESS(E, name) &algorithms::name,
+      GZ_ALGORITHM_REGISTRY(GZ_ALGORITHM_ADDRESS)
+#undef GZ_ALGORITHM_ADDRESS
+  };
+  return kAll;
+}
+
+const AlgorithmDescriptor* find_algorithm(std::string_view name) {
+  for (const AlgorithmDescriptor* d : all_algorithms())
+    if (d->name == name) return d;
+  return nullptr;
+}
+
+const AlgorithmDescriptor* find_algorithm(Algorithm id) {
+  for (const AlgorithmDescriptor* d : all_algorithms())
+    if (d->id == id) return d;
+  return nullptr;
+}
+
+const AlgorithmDescriptor& algorithm_descriptor(Algorithm id) {
+  const AlgorithmDescriptor* d = find_algorithm(id);
+  if (!d) GZ_THROW(InvalidArgument, "no algorithm descriptor for '", to_string(id), "' (auto resolves to one first)");
+  return *d;
+}
+
+ChunkRange chunk_range(std::size_t n, int ranks, int j) {
+  const auto P = static_cast<std::size_t>(ranks), J = static_cast<std::size_t>(j);
+  const std::size_t base = n / P, extra = n % P;
+  return {J * base + (J < extra ? J : extra), base + (J < extra ? 1 : 0)};
+}
+
+double payload_bytes(const CodecConfig& codec, std::uint64_t count) {
+  if (count == 0) return 0;
+  if (codec.descriptor().lossless) return 4.0 * static_cast<double>(count);
+  return static_cast<double>(make_codec(codec)->max_payload_bytes(count));
+}
+
+}  // namespace gz

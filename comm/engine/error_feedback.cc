@@ -1,0 +1,189 @@
+// ErrorFeedback (error_feedback.h): the residual sizes of a layout, and
+// save/restore.
+//
+// Saved format (little-endian):
+//   u32 magic "GZEF" | u32 version 2 | u32 spec_bytes | spec | u64 n |
+//   u32 rank | u32 world | u8 algorithm | u64 worker_count | u64 server_count |
+//   worker_count x f32 | server_count x f32 | u64 checksum64 of everything before
+//
+// restore() trusts none of it: the checksum first (a damaged file), then
+// every field against its limit before any size arithmetic, then the
+// residuals, which must be finite (one NaN would spread to every rank's
+// result on the next call).
+#include "comm/engine/error_feedback.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "comm/algorithms/algorithm.h"
+#include "common/bytes.h"
+#include "common/checksum.h"
+#include "common/error.h"
+#include "common/workspace.h"
+#include "compressors/wire_format.h"
+
+namespace gz {
+namespace {
+
+constexpr std::uint32_t kStateMagic = 0x46455A47u;  // "GZEF"
+constexpr std::uint32_t kStateVersion = 2;
+constexpr std::size_t kMaxSpec = 256;
+constexpr std::uint32_t kMaxWorld = 1u << 24;
+constexpr std::size_t kChecksumBytes = 8;
+
+[[noreturn]] void malformed(const std::string& why) { GZ_THROW(InvalidArgument, "saved error feedback state: ", why); }
+
+// A truncated field throws, naming it.
+template <class T>
+T read(bytes::Reader& in, const char* what) {
+  const T v = in.get<T>(what);
+  if (!in.ok()) malformed("truncated: " + in.failure());
+  return v;
+}
+
+// Spec bytes come from a file: printable ASCII only, so that no message
+// (here or in Python) ever carries raw bytes.
+std::string read_spec(bytes::Reader& in) {
+  const std::string_view spec = in.str(kMaxSpec, "codec spec");
+  if (!in.ok()) malformed("truncated: " + in.failure());
+  for (const char c : spec)
+    if (c < 0x20 || c > 0x7e) malformed("the codec spec is not printable ASCII");
+  return std::string(spec);
+}
+
+// Residuals, checked finite.
+void read_residual(bytes::Reader& in, std::vector<float>& out, std::uint64_t count, const char* what) {
+  const std::string_view raw = in.raw(4 * count, what);
+  if (!in.ok()) malformed("truncated: " + in.failure());
+  out.resize(count);
+  if (count) std::memcpy(out.data(), raw.data(), raw.size());
+  for (std::uint64_t i = 0; i < count; ++i)
+    if (!std::isfinite(out[i]))
+      malformed(std::string(what) + " element " + std::to_string(i) + " is " + std::to_string(out[i]) +
+                ", not finite");
+}
+
+std::string describe(const ErrorFeedback::Layout& l) {
+  return "codec=" + l.codec + " n=" + std::to_string(l.n) + " rank=" + std::to_string(l.rank) + "/" +
+         std::to_string(l.world) + " algorithm=" + to_string(l.algorithm);
+}
+
+}  // namespace
+
+std::pair<std::uint64_t, std::uint64_t> ErrorFeedback::residual_counts(const CodecConfig& codec, std::uint64_t n,
+                                                                       int rank, int world, Algorithm algorithm,
+                                                                       const Topology* topology) {
+  if (!codec.ef) return {0, 0};
+  // The algorithm's own layout (comm/algorithms/<algorithm>.cc).
+  const AlgorithmDescriptor& d = algorithm_descriptor(algorithm);
+  GZ_ENFORCE(topology != nullptr || !d.uniform_nodes, "the ", d.name, " allreduce needs the topology");
+  const Topology flat = topology ? Topology{} : Topology::flat(world);
+  return d.residual_counts(codec, n, rank, topology ? *topology : flat);
+}
+
+std::string ErrorFeedback::save() const {
+  GZ_ENFORCE(layout_.has_value(), "this error feedback state was never used or restored; nothing to save");
+  const Layout& l = *layout_;
+  std::string s;
+  bytes::Writer w(s);
+  w.put(kStateMagic);
+  w.put(kStateVersion);
+  w.str(l.codec);
+  w.put(l.n);
+  w.put(l.rank);
+  w.put(l.world);
+  w.put(static_cast<std::uint8_t>(l.algorithm));
+  w.put(l.worker_count);
+  w.put(l.server_count);
+  const std::size_t head = s.size();
+  s.resize(head + 4 * (l.worker_count + l.server_count));
+  char* worker = s.data() + head;
+  char* server = worker + 4 * l.worker_count;
+  if (pending_) {  // (memcpy from an empty vector's null data() is undefined even for 0 bytes)
+    if (l.worker_count) std::memcpy(worker, pending_worker_.data(), 4 * l.worker_count);
+    if (l.server_count) std::memcpy(server, pending_server_.data(), 4 * l.server_count);
+  } else {
+    mem::to_host(worker, worker_.data(), 4 * l.worker_count, device_, nullptr);
+    mem::to_host(server, server_.data(), 4 * l.server_count, device_, nullptr);
+  }
+  w.put(checksum64(s));
+  return s;
+}
+
+void ErrorFeedback::restore(std::string_view saved) {
+  bytes::Reader head(saved);
+  if (read<std::uint32_t>(head, "magic") != kStateMagic) malformed("not a saved error feedback state (bad magic)");
+  const auto version = read<std::uint32_t>(head, "version");
+  // Version 1 (AllreduceState's, before the checksum) is the same layout
+  // without the checksum: every field is still checked against its limits
+  // and the residuals for finiteness; only damage that keeps them valid
+  // goes unnoticed.
+  const bool v1 = version == 1;
+  if (version != kStateVersion && !v1)
+    malformed("version " + std::to_string(version) + "; this build reads versions 1 and " +
+              std::to_string(kStateVersion));
+  std::string_view body = saved;
+  if (!v1) {
+    if (saved.size() < head.pos() + kChecksumBytes) malformed("truncated: no checksum");
+    body = saved.substr(0, saved.size() - kChecksumBytes);
+    bytes::Reader tail(saved.substr(body.size()));
+    if (tail.get<std::uint64_t>() != checksum64(body)) malformed("checksum mismatch (the bytes were damaged)");
+  }
+
+  bytes::Reader in(body);
+  in.raw(head.pos());
+  Layout l;
+  l.codec = read_spec(in);
+  const CodecConfig cfg = parse_spec(l.codec);  // throws InvalidArgument for an unknown codec
+  l.n = read<std::uint64_t>(in, "n");
+  l.rank = read<std::uint32_t>(in, "rank");
+  l.world = read<std::uint32_t>(in, "world size");
+  const auto algo = read<std::uint8_t>(in, "algorithm");
+  const bool flat = algo == static_cast<std::uint8_t>(Algorithm::Allgather) ||
+                    algo == static_cast<std::uint8_t>(Algorithm::ScatterReduce);
+  if (!flat && (v1 || (algo != static_cast<std::uint8_t>(Algorithm::Hierarchical) &&
+                       algo != static_cast<std::uint8_t>(Algorithm::ReduceScatter))))
+    malformed("unknown algorithm " + std::to_string(int{algo}) + (v1 ? " for version 1" : ""));
+  l.algorithm = static_cast<Algorithm>(algo);
+  l.worker_count = read<std::uint64_t>(in, "worker count");
+  l.server_count = read<std::uint64_t>(in, "server count");
+  // Limits before arithmetic: n = 2^62 must not wrap 4 * n.
+  if (l.n > wire::kMaxCount) malformed("n = " + std::to_string(l.n) + " is over the format's limit");
+  if (l.world == 0 || l.world > kMaxWorld || l.rank >= l.world)
+    malformed("rank " + std::to_string(l.rank) + " of world size " + std::to_string(l.world) + " is not valid");
+  // Hierarchical residuals depend on the nodes, which the saved state does
+  // not hold: the first call checks them against its layout.
+  const bool nodes = l.algorithm == Algorithm::Hierarchical;
+  const auto [want_worker, want_server] = residual_counts(cfg, l.n, static_cast<int>(l.rank), static_cast<int>(l.world),
+                                                          nodes ? Algorithm::Allgather : l.algorithm, nullptr);
+  if (nodes ? l.worker_count > want_worker || l.server_count > l.worker_count
+            : l.worker_count != want_worker || l.server_count != want_server)
+    malformed("residual sizes do not match its layout");
+  if (in.left() != 4 * (l.worker_count + l.server_count))
+    malformed("it has " + std::to_string(in.left()) + " bytes of residuals, expected " +
+              std::to_string(4 * (l.worker_count + l.server_count)));
+  if (layout_ && !(*layout_ == l))
+    GZ_THROW(InvalidArgument, "cannot restore a state saved for ", describe(l), " into one bound to ",
+             describe(*layout_));
+  std::vector<float> worker, server;
+  read_residual(in, worker, l.worker_count, "worker residual");
+  read_residual(in, server, l.server_count, "server residual");
+  pending_worker_ = std::move(worker);
+  pending_server_ = std::move(server);
+  pending_ = true;
+  layout_ = std::move(l);
+  agreed_.reset();  // a restore is a new start: agree again
+}
+
+void ErrorFeedback::reset() {
+  layout_.reset();
+  worker_.release();
+  server_.release();
+  pending_worker_.clear();
+  pending_server_.clear();
+  pending_ = false;
+  agreed_.reset();
+}
+
+}  // namespace gz

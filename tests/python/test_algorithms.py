@@ -1,0 +1,53 @@
+"""The algorithm registry from Python (issue 23): one list of names, from C++,
+and each algorithm's cost formula."""
+
+import pytest
+
+import gradzip
+
+pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"], reason="built without gradzip's communication")
+
+
+def test_names_come_from_the_registry() -> None:
+    names = gradzip.allreduce_algorithm_names()
+    assert names == ["auto", "allgather", "scatter_reduce", "hierarchical"]
+    every = gradzip.algorithms()
+    assert [a["name"] for a in every] == ["allgather", "scatter_reduce", "hierarchical", "reduce_scatter"]
+    assert [a["name"] for a in every if a["allreduce"]] == names[1:]
+    assert all(a["summary"] for a in every)
+    assert [a["name"] for a in every if a["uniform_nodes"]] == ["hierarchical"]
+
+
+def test_python_entry_points_take_the_registry_names() -> None:
+    torch = pytest.importorskip("torch")
+    from gradzip.torch import CompressionState
+
+    for name in gradzip.allreduce_algorithm_names():
+        CompressionState(codec="onebit", algorithm=name)
+    with pytest.raises(ValueError, match="hierarchical"):
+        CompressionState(codec="onebit", algorithm="ring")
+    del torch
+
+
+def test_wire_cost_is_the_payloads_the_algorithm_moves() -> None:
+    n, P = 262_912, 4
+    onebit = gradzip.Codec("onebit")
+    c = gradzip.algorithm_wire_cost("allgather", "onebit", n, P)
+    assert c["bytes"] == (P - 1) * onebit.max_payload_bytes(n)
+    assert c["rounds"] == 1 and c["messages"] == P - 1
+    # scatter_reduce: each other rank's chunk, then this rank's chunk sum (fp16 by default) to P-1 ranks.
+    fp16 = gradzip.Codec("fp16")
+    c = gradzip.algorithm_wire_cost("scatter_reduce", "onebit", n, P, rank=0)
+    chunk = n // P
+    assert c["bytes"] == (P - 1) * (onebit.max_payload_bytes(chunk) + fp16.max_payload_bytes(chunk))
+    assert c["rounds"] == 2
+    same = gradzip.algorithm_wire_cost("scatter_reduce", "onebit", n, P, server_codec="onebit")
+    assert same["bytes"] == 2 * (P - 1) * onebit.max_payload_bytes(chunk)
+    # Two nodes of two: only the shard's allgather across crosses to the other node.
+    h = gradzip.algorithm_wire_cost("hierarchical", "onebit", n, P, nodes=[0, 0, 1, 1])
+    assert h["remote_bytes"] == onebit.max_payload_bytes(n // 2)
+    assert h["rounds"] == 3
+    with pytest.raises(gradzip.InvalidArgument, match="unknown algorithm"):
+        gradzip.algorithm_wire_cost("auto", "onebit", n, P)
+    with pytest.raises(gradzip.InvalidArgument, match="rank"):
+        gradzip.algorithm_wire_cost("allgather", "onebit", n, P, rank=P)
