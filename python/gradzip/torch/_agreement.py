@@ -12,7 +12,7 @@ on every rank, naming each differing setting and which ranks hold which
 value; a rank that never calls the hook makes the others raise
 :class:`gradzip.IoError` within ``GRADZIP_TIMEOUT_S``.
 
-How: gradzip's agreement (comm/agreement.h) through torch's rendezvous
+How: gradzip's agreement (comm/engine/agreement.h) through torch's rendezvous
 store, the one every process group of the job shares (``from_torch`` meets
 there too). Every rank calls it identically, whatever its settings; each
 waits for the others' records with the timeout, so it is bounded on every

@@ -8,7 +8,7 @@ calls its start/test/wait/abort, taking the GIL for each call only, and the
 algorithms run with the GIL released (on the hook's worker thread, or
 BlockMomentum's with overlap), so the training thread keeps running.
 
-The contract the algorithms need (comm/transport.h): between two ranks,
+The contract the algorithms need (comm/transports/transport.h): between two ranks,
 messages match in posting order. torch's point-to-point calls give that on
 gloo (per pair and tag) and NCCL (per pair, in issue order), so every
 exchange is a batch of isend/irecv of the slots the algorithms hand in.
