@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   const bench::Options o = bench::parse_options(argc, argv);
   try {
     CommunicatorOptions copt;
+    copt.link = o.link;
     if (o.timeout_s > 0) copt.timeout = Timeout(static_cast<Timeout::rep>(std::ceil(o.timeout_s * 1000)));
     auto comm = Communicator::from_env(o.transport, copt);
     const bool root = comm->rank() == 0;
@@ -47,8 +48,12 @@ int main(int argc, char** argv) {
       bool base_listed = false;
       for (const auto& spec : o.codecs) {
         const CodecConfig cfg = parse_spec(spec);
+        AllreduceCall what;
+        what.algorithm = o.algorithm;
+        what.segment_bytes = o.segment_bytes;
+        what.device = o.device;
         const bool is_base = cfg.id == CodecId::None &&
-                             resolve_algorithm(o.algorithm, cfg, comm->topology()) == Algorithm::ScatterReduce;
+                             comm->resolve_algorithm(*make_codec(cfg), n, what) == Algorithm::ScatterReduce;
         bench::Row r = is_base ? base : h.run(spec, n, o.algorithm);
         if (r.codec == "none" && r.algorithm == Algorithm::ScatterReduce) base_listed = true;
         finish(r);

@@ -62,19 +62,28 @@ void print_header(const Options& o, int ranks, const std::string& transport_desc
               "# are the codec's work, comm the time with bytes in flight, wait the part of it spent blocked.\n"
               "# hidden: the share of enc + dec that ran while bytes moved, (comm - wait) / (enc + dec),\n"
               "# least over ranks. rel_err: ||out - exact|| / ||exact|| of the first call (zero EF state).\n"
-              "# workspace: bytes per rank beyond the buffer and EF state.\n#\n");
-  std::printf("# %11s  %-26s %-14s %12s %7s %9s %9s %9s %9s %6s %4s %9s %8s %9s %12s  %s\n", "elements", "codec",
+              "# workspace: bytes per rank beyond the buffer and EF state.\n");
+  if (o.predict)
+    std::printf("# pred: the cost model's time (comm/cost/cost_model.h), err = pred / total - 1. limit: max(the\n"
+                "# link time of the wire bytes, bytes the codec touches / copy bandwidth), x_lim = total / limit.\n");
+  std::printf("#\n");
+  std::printf("# %11s  %-26s %-14s %12s %7s %9s %9s %9s %9s %6s %4s %9s %8s %9s %12s  %s%s\n", "elements", "codec",
               "algorithm", "wire(B)", "ratio", "enc(ms)", "dec(ms)", "comm(ms)", "wait(ms)", "hidden", "seg",
-              "total(ms)", "speedup", "rel_err", "workspace(B)", "check");
+              "total(ms)", "speedup", "rel_err", "workspace(B)", "check",
+              o.predict ? "    pred(ms)    err  limit(ms)  x_lim" : "");
   std::fflush(stdout);
 }
 
 void print_row(const Row& r) {
-  std::printf("  %11zu  %-26s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %5.0f%% %4zu %9.3f %8.2f %9.2e %12zu  %s%s%s\n",
+  char pred[96] = "";
+  if (r.predicted_ms > 0)
+    std::snprintf(pred, sizeof pred, "  %10.3f %+5.0f%% %10.3f %6.2f", r.predicted_ms,
+                  100 * (r.predicted_ms / r.total_ms - 1), r.limit_ms, r.limit_ms > 0 ? r.total_ms / r.limit_ms : 0.0);
+  std::printf("  %11zu  %-26s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %5.0f%% %4zu %9.3f %8.2f %9.2e %12zu  %s%s%s%s\n",
               r.elements, r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm),
               r.wire_bytes, r.ratio, r.encode_ms, r.decode_ms, r.comm_ms, r.wait_ms, 100 * r.hidden, r.segments,
               r.total_ms, r.speedup, r.rel_error, r.workspace_bytes, r.ok ? "OK" : "FAILED",
-              r.note.empty() ? "" : ": ", r.note.c_str());
+              pred, r.note.empty() ? "" : ": ", r.note.c_str());
   std::fflush(stdout);
 }
 
@@ -101,7 +110,8 @@ std::string json_record(const Row& r) {
     << ", \"segments\": " << r.segments
     << ", \"total_ms\": " << num(r.total_ms) << ", \"baseline_ms\": " << num(r.baseline_ms)
     << ", \"speedup\": " << num(r.speedup) << ", \"rel_error\": " << num(r.rel_error)
-    << ", \"error_bound\": " << num(r.error_bound) << ", \"workspace_bytes\": " << r.workspace_bytes
+    << ", \"error_bound\": " << num(r.error_bound) << ", \"predicted_ms\": " << num(r.predicted_ms)
+    << ", \"limit_ms\": " << num(r.limit_ms) << ", \"workspace_bytes\": " << r.workspace_bytes
     << ", \"identical\": " << (r.identical ? "true" : "false") << ", \"ok\": " << (r.ok ? "true" : "false")
     << "}";
   return f.str();
