@@ -185,7 +185,7 @@ void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& co
                              const AllreduceCall& call) {
   AllreduceOptions o = options_for(buffer, dtype, n, codec, state, call);
   guarded([&] {
-    o.algorithm = auto_->resolve(o, *store_, rank(), size());
+    o.algorithm = auto_->resolve(o, *store_, transport_.get(), rank(), size());
     gz::allreduce(o);
   });
 }
@@ -202,7 +202,7 @@ Algorithm Communicator::resolve_algorithm(const Codec& codec, std::size_t n, con
   ErrorFeedback unused;  // options_for's; nothing runs
   AllreduceOptions o = options_for(nullptr, Dtype::Float32, n, const_cast<Codec&>(codec), unused, call);
   Algorithm a = Algorithm::Auto;
-  guarded([&] { a = gz::resolve_algorithm(auto_->resolve(o, *store_, rank(), size()), codec.config(), topology_); });
+  guarded([&] { a = gz::resolve_algorithm(auto_->resolve(o, *store_, transport_.get(), rank(), size()), codec.config(), topology_); });
   return a;
 }
 
@@ -210,7 +210,7 @@ std::optional<CostInputs> Communicator::cost_inputs(const Codec& codec, std::siz
   ErrorFeedback unused;
   AllreduceOptions o = options_for(nullptr, Dtype::Float32, n, const_cast<Codec&>(codec), unused, call);
   std::optional<CostInputs> in;
-  guarded([&] { in = auto_->inputs(o, *store_, rank(), size()); });
+  guarded([&] { in = auto_->inputs(o, *store_, transport_.get(), rank(), size()); });
   return in;
 }
 

@@ -2,7 +2,11 @@
 
 #include <sched.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -69,7 +73,7 @@ AutoChoice::AutoChoice(std::string link) : link_text_(std::move(link)) {
   if (env_value("GRADZIP_COST_MODEL").value_or("") == "off") link_text_.clear();
 }
 
-void AutoChoice::share_hosts(Store& store, int rank, int size, Timeout timeout) {
+void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int size, Timeout timeout) {
   if (hosts_known_) return;
   store.set("costmodel/host/" + std::to_string(rank),
             boot_id() + "\t" + std::to_string(cpu_count()) + "\t" + (rank == 0 ? link_text_ : ""));
@@ -96,7 +100,26 @@ void AutoChoice::share_hosts(Store& store, int rank, int size, Timeout timeout) 
     if (rank == 0)
       std::fprintf(stderr, "gradzip: warning: the link '%s' is not understood (%s); auto chooses by bytes\n",
                    link.c_str(), e.what());
+    return;
   }
+  if (transport == nullptr) return;
+  // The latency of one exchange with every peer: rank 0's median barrier.
+  const CallContext ctx{Device::Cpu, nullptr, timeout};
+  for (int i = 0; i < 2; ++i) transport->barrier(ctx);
+  std::vector<double> t;
+  for (int i = 0; i < 7; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    transport->barrier(ctx);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  char b[40];
+  std::snprintf(b, sizeof b, "%.9g", t[t.size() / 2]);
+  if (rank == 0) store.set("costmodel/latency", b);
+  const std::string v = store.get("costmodel/latency", timeout);
+  const double latency = std::strtod(v.c_str(), nullptr);
+  GZ_ENFORCE(std::isfinite(latency) && latency >= 0 && latency < 10, "rank 0 published a malformed latency '", v, "'");
+  link_.latency_s = std::max(link_.latency_s, latency);
 }
 
 const AutoChoice::Shared* AutoChoice::share_rates(const CodecConfig& codec, const CodecConfig& server, Store& store,
@@ -129,9 +152,10 @@ const AutoChoice::Shared* AutoChoice::share_rates(const CodecConfig& codec, cons
   return &(rates_[key] = s);
 }
 
-std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& store, int rank, int size) {
+std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& store, Transport* transport, int rank,
+                                             int size) {
   if (o.device != Device::Cpu || size <= 1 || o.codec == nullptr) return std::nullopt;
-  share_hosts(store, rank, size, o.timeout);
+  share_hosts(store, transport, rank, size, o.timeout);
   if (!enabled_) return std::nullopt;
   const CodecConfig& cfg = o.codec->config();
   CodecConfig server = o.server_codec ? *o.server_codec : server_codec_config(cfg);
@@ -156,9 +180,13 @@ std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& s
 }
 
 Algorithm AutoChoice::resolve(const AllreduceOptions& o, Store& store, int rank, int size) {
+  return resolve(o, store, nullptr, rank, size);
+}
+
+Algorithm AutoChoice::resolve(const AllreduceOptions& o, Store& store, Transport* transport, int rank, int size) {
   const Topology topo = o.topology ? *o.topology : Topology::flat(size);
   if (o.algorithm != Algorithm::Auto) return o.algorithm;
-  const std::optional<CostInputs> in = inputs(o, store, rank, size);
+  const std::optional<CostInputs> in = inputs(o, store, transport, rank, size);
   if (!in) return resolve_algorithm(Algorithm::Auto, o.codec->config(), topo);
   return fastest_algorithm(*in, auto_candidates(o.codec->config(), topo));
 }

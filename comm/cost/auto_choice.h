@@ -9,7 +9,10 @@
 // choice from the same inputs, shared through the Store:
 //   - once per communicator (its first auto call): each rank publishes its
 //     machine (boot id, CPU count) and rank 0 its link; every rank reads them
-//     all. Ranks on one machine (the emulated cluster's nodes) share its
+//     all. With a link, the ranks then time a few barriers (one exchange
+//     with every peer each, as a pipeline segment's) and take rank 0's median
+//     as the latency of an exchange (it holds the link's delay, the
+//     transport's and the scheduler's). Ranks on one machine (the emulated cluster's nodes) share its
 //     cores: the codec work of the busiest machine is scaled by its ranks
 //     per core.
 //   - once per codec (the first call with it): rank 0 looks up the codec's
@@ -51,11 +54,14 @@ class AutoChoice {
   /// What a call with these options runs (o.algorithm when not Auto).
   /// Collective on its first auto call and on the first with each codec.
   Algorithm resolve(const AllreduceOptions& o, Store& store, int rank, int size);
+  /// The same, with the transport to time the exchanges' latency on (null:
+  /// the link's given delay only).
+  Algorithm resolve(const AllreduceOptions& o, Store& store, Transport* transport, int rank, int size);
 
   /// The model's inputs for a call like `o` (any algorithm), when the model
   /// is on and knows the codec (after a resolve of an auto call with it;
   /// collective as resolve). nullopt: the model is off.
-  std::optional<CostInputs> inputs(const AllreduceOptions& o, Store& store, int rank, int size);
+  std::optional<CostInputs> inputs(const AllreduceOptions& o, Store& store, Transport* transport, int rank, int size);
 
   /// Whether the model decides (known after the first auto call).
   bool enabled() const { return enabled_; }
@@ -65,7 +71,7 @@ class AutoChoice {
     CodecRates codec, server;
     MachineRates machine;
   };
-  void share_hosts(Store& store, int rank, int size, Timeout timeout);
+  void share_hosts(Store& store, Transport* transport, int rank, int size, Timeout timeout);
   const Shared* share_rates(const CodecConfig& codec, const CodecConfig& server, Store& store, int rank,
                             Timeout timeout);
 
