@@ -64,7 +64,7 @@ std::string format_values(std::initializer_list<double> v) {
   std::string s;
   char b[40];
   for (double x : v) {
-    std::snprintf(b, sizeof b, "%.9g", x);
+    std::snprintf(b, sizeof b, "%.17g", x);
     s += (s.empty() ? "" : " ") + std::string(b);
   }
   return s;
