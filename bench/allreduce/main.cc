@@ -30,6 +30,20 @@ int main(int argc, char** argv) {
 #if GZ_HAVE_UCX
     if (auto* u = dynamic_cast<UcxTransport*>(&comm->transport())) desc = u->describe();
 #endif
+    if (o.predict) {
+      // The model's shared inputs (collective): what every row's prediction uses.
+      AllreduceCall call;
+      call.algorithm = Algorithm::Allgather;
+      call.device = o.device;
+      const auto none = make_codec("none");
+      const auto in = comm->cost_inputs(*none, 1 << 20, call);
+      if (root && in)
+        std::printf("# model: link %.3g Gbit/s x %.2f, %.0f us per exchange, codec work %.2fx one quiet core, copy %.1f GB/s (measured)\n",
+                    in->link.bits_per_s / 1e9, in->link.efficiency, in->link.latency_s * 1e6, in->compute_share,
+                    in->machine.copy_bytes_per_s / 1e9);
+      else if (root)
+        std::printf("# model: off (no link: give --link or run under gradzip-run --link; CUDA and 1 rank: none)\n");
+    }
     if (root) bench::print_header(o, comm->size(), desc, comm->topology().describe());
 
     bench::Harness h(*comm, o);

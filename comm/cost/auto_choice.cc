@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -120,6 +121,30 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   const double latency = std::strtod(v.c_str(), nullptr);
   GZ_ENFORCE(std::isfinite(latency) && latency >= 0 && latency < 10, "rank 0 published a malformed latency '", v, "'");
   link_.latency_s = std::max(link_.latency_s, latency);
+
+  // How much slower than one quiet core this machine runs each rank now: all
+  // ranks copy the same bytes at once (the cores and the memory bus shared
+  // with the other ranks and whatever else runs), against rank 0's cached
+  // copy rate of one core. The slowest rank's ratio scales every rank's codec
+  // work (compute_share), in place of the count of ranks per core.
+  std::vector<char> from(std::size_t{64} << 20, 1), to(from.size());
+  transport->barrier(ctx);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) std::memcpy(to.data(), from.data(), from.size());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::snprintf(b, sizeof b, "%.9g", took);
+  store.set("costmodel/copy/" + std::to_string(rank), b);
+  if (rank == 0) {
+    RatesCache cache(RatesCache::default_path());
+    std::snprintf(b, sizeof b, "%.9g", cache.machine().copy_bytes_per_s);
+    store.set("costmodel/copy_rate", b);
+  }
+  const double rate = std::strtod(store.get("costmodel/copy_rate", timeout).c_str(), nullptr);
+  double slowest = 0;
+  for (int r = 0; r < size; ++r)
+    slowest = std::max(slowest, std::strtod(store.get("costmodel/copy/" + std::to_string(r), timeout).c_str(), nullptr));
+  const double ratio = slowest * rate / (3.0 * static_cast<double>(from.size()));
+  if (std::isfinite(ratio) && ratio > 0) compute_share_ = std::clamp(ratio, 0.5, 64.0);
 }
 
 const AutoChoice::Shared* AutoChoice::share_rates(const CodecConfig& codec, const CodecConfig& server, Store& store,

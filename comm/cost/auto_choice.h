@@ -12,7 +12,11 @@
 //     all. With a link, the ranks then time a few barriers (one exchange
 //     with every peer each, as a pipeline segment's) and take rank 0's median
 //     as the latency of an exchange (it holds the link's delay, the
-//     transport's and the scheduler's). Ranks on one machine (the emulated cluster's nodes) share its
+//     transport's and the scheduler's); and all copy 192 MiB at once, each
+//     timing itself: the slowest, against rank 0's cached copy rate of one
+//     quiet core, says how much slower the codecs run now (ranks sharing
+//     cores and memory, other work on the machine). Without a transport to
+//     time on, ranks per core on the busiest machine stand in for it. Ranks on one machine (the emulated cluster's nodes) share its
 //     cores: the codec work of the busiest machine is scaled by its ranks
 //     per core.
 //   - once per codec (the first call with it): rank 0 looks up the codec's

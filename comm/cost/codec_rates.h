@@ -1,5 +1,5 @@
 // The codecs' rates on this machine, for the cost model (cost_model.h):
-// measured on one core (a few calls on 4M elements: tens of ms per codec) and
+// measured on one core (a few calls on 8M elements: 0.1-0.2 s per codec) and
 // kept in a per-user cache file, so that each codec is measured once per
 // machine.
 //
@@ -27,9 +27,10 @@ namespace gz {
 
 /// Measures `codec` on this core: encode (with error feedback) of n
 /// elements, decode_sum of 1 and of 4 payloads; the best of `reps` calls each.
-CodecRates measure_codec_rates(const CodecConfig& codec, std::size_t n = std::size_t{1} << 22, int reps = 3);
+/// 8M elements: buffers beyond the caches, as a gradient's are.
+CodecRates measure_codec_rates(const CodecConfig& codec, std::size_t n = std::size_t{1} << 23, int reps = 2);
 /// Measures memcpy and kernels::cpu::sum on n floats.
-MachineRates measure_machine_rates(std::size_t n = std::size_t{1} << 22, int reps = 3);
+MachineRates measure_machine_rates(std::size_t n = std::size_t{1} << 23, int reps = 2);
 
 /// The text that names this machine in the cache ("model | avx2 avx512f | 16 cpus").
 std::string machine_identity();
