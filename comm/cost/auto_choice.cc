@@ -74,7 +74,8 @@ AutoChoice::AutoChoice(std::string link) : link_text_(std::move(link)) {
   if (env_value("GRADZIP_COST_MODEL").value_or("") == "off") link_text_.clear();
 }
 
-void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int size, Timeout timeout) {
+void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int size, int per_node,
+                             Timeout timeout) {
   if (hosts_known_) return;
   store.set("costmodel/host/" + std::to_string(rank),
             boot_id() + "\t" + std::to_string(cpu_count()) + "\t" + (rank == 0 ? link_text_ : ""));
@@ -121,6 +122,46 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   const double latency = std::strtod(v.c_str(), nullptr);
   GZ_ENFORCE(std::isfinite(latency) && latency >= 0 && latency < 10, "rank 0 published a malformed latency '", v, "'");
   link_.latency_s = std::max(link_.latency_s, latency);
+
+  // What the transport moves: every rank sends 1 MiB (about a pipeline
+  // segment's payload) to every peer at once, as an exchange of the
+  // algorithms does; rank 0's median time, less the latency and the link's
+  // time for those bytes (topology and shared node links included), is the
+  // transport's own cost per byte (TCP's kernel work on the emulated
+  // cluster's 10 Gbit/s links: far above the link's time).
+  {
+    constexpr std::size_t kBytes = std::size_t{1} << 20;
+    const auto peers = static_cast<std::size_t>(size - 1);
+    std::vector<std::byte> out(kBytes, std::byte{1}), in(kBytes * peers);
+    std::vector<std::size_t> got(peers);
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int r = 0, i = 0; r < size; ++r)
+      if (r != rank) {
+        sends.push_back({r, ConstSlice{out.data(), kBytes}});
+        recvs.push_back({r, Slice{in.data() + static_cast<std::size_t>(i) * kBytes, kBytes}, &got[static_cast<std::size_t>(i)]});
+        ++i;
+      }
+    std::vector<double> ts;
+    for (int i = 0; i < 5; ++i) {
+      transport->barrier(ctx);
+      const auto t0 = std::chrono::steady_clock::now();
+      transport->wait(transport->start(sends, recvs, ctx));
+      if (i >= 2) ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ts.begin(), ts.end());
+    std::snprintf(b, sizeof b, "%.9g", ts[ts.size() / 2]);
+    if (rank == 0) store.set("costmodel/exchange", b);
+    const double took = std::strtod(store.get("costmodel/exchange", timeout).c_str(), nullptr);
+    CostInputs probe;
+    probe.link = link_;
+    probe.machine.copy_bytes_per_s = 1e30;  // the local part: shared memory, not the transport's cost
+    const int L = std::max(1, per_node);
+    const double link_s = exchange_seconds(probe, size, L - 1, L, static_cast<double>(kBytes));
+    const int remote = size - L;
+    if (std::isfinite(took) && remote > 0)
+      link_.transport_s_per_byte = std::max(0.0, took - link_s) / (static_cast<double>(remote) * kBytes);
+  }
 
   // How much slower than one quiet core this machine runs each rank now: all
   // ranks copy the same bytes at once (the cores and the memory bus shared
@@ -180,14 +221,14 @@ const AutoChoice::Shared* AutoChoice::share_rates(const CodecConfig& codec, cons
 std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& store, Transport* transport, int rank,
                                              int size) {
   if (o.device != Device::Cpu || size <= 1 || o.codec == nullptr) return std::nullopt;
-  share_hosts(store, transport, rank, size, o.timeout);
+  const Topology topo = o.topology ? *o.topology : Topology::flat(size);
+  share_hosts(store, transport, rank, size, topo.uniform_size(), o.timeout);
   if (!enabled_) return std::nullopt;
   const CodecConfig& cfg = o.codec->config();
   CodecConfig server = o.server_codec ? *o.server_codec : server_codec_config(cfg);
   server.ef = cfg.ef && !server.descriptor().lossless;
   const Shared* s = share_rates(cfg, server, store, rank, o.timeout);
   if (!s) return std::nullopt;
-  const Topology topo = o.topology ? *o.topology : Topology::flat(size);
   CostInputs in;
   in.n = o.n;
   in.ranks = size;

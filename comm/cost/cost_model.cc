@@ -56,7 +56,9 @@ double local_bytes_per_s(const CostInputs& in) {
 double exchange_seconds(const CostInputs& in, const Group& g, double bytes) {
   const int remote = g.members - 1 - g.local_peers;
   double t = 0;
-  if (remote > 0) t = g.sharers * remote * bytes / link_bytes_per_s(in) + in.link.latency_s;
+  if (remote > 0)
+    t = g.sharers * remote * bytes / link_bytes_per_s(in) + remote * bytes * in.link.transport_s_per_byte +
+        in.link.latency_s;
   if (g.local_peers > 0) t = std::max(t, g.local_peers * bytes / local_bytes_per_s(in));
   return t;
 }
@@ -191,6 +193,10 @@ LinkModel parse_link_model(std::string_view text) {
     l.latency_s = number_with_unit(delay, kDelayUnits, "delay", text);
   }
   return l;
+}
+
+double exchange_seconds(const CostInputs& in, int members, int local_peers, int sharers, double bytes) {
+  return exchange_seconds(in, Group{members, local_peers, sharers}, bytes);
 }
 
 double pipeline_seconds(std::size_t S, double e, double d, double w) {

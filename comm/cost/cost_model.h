@@ -54,6 +54,10 @@ struct LinkModel {
   double local_bytes_per_s = 0; ///< between ranks of one node (0: copy_bytes_per_s / 2)
   /// Share of the link rate that carries payload (TCP/IP headers at MTU 9000: 0.99).
   double efficiency = 0.99;
+  /// Seconds the transport adds per byte a rank sends to another node, beyond
+  /// the link's time (its own CPU work: TCP through the kernel; measured by
+  /// AutoChoice, 0 when the link is the bottleneck).
+  double transport_s_per_byte = 0;
 };
 
 /// "1gbit", "10gbit", "2.5gbit,50us", "100mbit,1ms" (gradzip-run --link's
@@ -115,6 +119,12 @@ double memory_bytes(Algorithm a, const CostInputs& in);
 /// rate: a copy reads and writes each byte)), times compute_share for the
 /// memory part. 0 for hierarchical.
 double memory_limit(Algorithm a, const CostInputs& in);
+
+/// Wire time of one exchange in which this rank sends `bytes` to each of
+/// the other `members - 1` ranks (and receives as many), `local_peers` of
+/// them on its node, its node's link shared by `sharers` ranks sending at
+/// once.
+double exchange_seconds(const CostInputs& in, int members, int local_peers, int sharers, double bytes);
 
 /// The pipeline of S segments with per-segment compute `c` (encode e +
 /// decode d) and wire time w (the formula at the top of this file).
