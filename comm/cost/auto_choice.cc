@@ -104,7 +104,8 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
                    link.c_str(), e.what());
     return;
   }
-  if (transport == nullptr) return;
+  // Timed on host buffers only (an NCCL transport takes device memory).
+  if (transport == nullptr || transport->device_memory()) return;
   // The latency of one exchange with every peer: rank 0's median barrier.
   const CallContext ctx{Device::Cpu, nullptr, timeout};
   for (int i = 0; i < 2; ++i) transport->barrier(ctx);

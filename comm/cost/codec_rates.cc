@@ -213,7 +213,6 @@ void RatesCache::store(const std::string& key, const std::string& values) {
   const std::size_t slash = path_.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     const std::string dir = path_.substr(0, slash);
-    std::string part;
     for (std::size_t i = 1; i <= dir.size(); ++i)
       if (i == dir.size() || dir[i] == '/') ::mkdir(dir.substr(0, i).c_str(), 0700);
   }
