@@ -74,8 +74,9 @@ AutoChoice::AutoChoice(std::string link) : link_text_(std::move(link)) {
   if (env_value("GRADZIP_COST_MODEL").value_or("") == "off") link_text_.clear();
 }
 
-void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int size, int per_node,
+void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int size, const Topology& topo,
                              Timeout timeout) {
+  const int per_node = topo.uniform_size();
   if (hosts_known_) return;
   store.set("costmodel/host/" + std::to_string(rank),
             boot_id() + "\t" + std::to_string(cpu_count()) + "\t" + (rank == 0 ? link_text_ : ""));
@@ -143,20 +144,38 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
         recvs.push_back({r, Slice{in.data() + static_cast<std::size_t>(i) * kBytes, kBytes}, &got[static_cast<std::size_t>(i)]});
         ++i;
       }
-    std::vector<double> ts;
-    for (int i = 0; i < 5; ++i) {
-      transport->barrier(ctx);
-      const auto t0 = std::chrono::steady_clock::now();
-      transport->wait(transport->start(sends, recvs, ctx));
-      if (i >= 2) ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    // Rank 0's median of 3 timed exchanges (after 2 untimed), shared as `key`.
+    auto timed = [&](const std::vector<SendOp>& ss, const std::vector<RecvOp>& rs, const std::string& key) {
+      std::vector<double> ts;
+      for (int i = 0; i < 5; ++i) {
+        transport->barrier(ctx);
+        const auto t0 = std::chrono::steady_clock::now();
+        transport->wait(transport->start(ss, rs, ctx));
+        if (i >= 2) ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(ts.begin(), ts.end());
+      std::snprintf(b, sizeof b, "%.9g", ts[ts.size() / 2]);
+      if (rank == 0) store.set(key, b);
+      return std::strtod(store.get(key, timeout).c_str(), nullptr);
+    };
+    const double took = timed(sends, recvs, "costmodel/exchange");
+    if (per_node >= 2) {  // the node's own path: the same with the node's other ranks only
+      std::vector<SendOp> local_sends;
+      std::vector<RecvOp> local_recvs;
+      const int node = topo.node[static_cast<std::size_t>(rank)];
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        if (topo.node[static_cast<std::size_t>(sends[i].peer)] == node) {
+          local_sends.push_back(sends[i]);
+          local_recvs.push_back(recvs[i]);
+        }
+      const double local = timed(local_sends, local_recvs, "costmodel/local_exchange");
+      if (std::isfinite(local) && local > 0)
+        link_.local_bytes_per_s = static_cast<double>(per_node - 1) * static_cast<double>(kBytes) / local;
     }
-    std::sort(ts.begin(), ts.end());
-    std::snprintf(b, sizeof b, "%.9g", ts[ts.size() / 2]);
-    if (rank == 0) store.set("costmodel/exchange", b);
-    const double took = std::strtod(store.get("costmodel/exchange", timeout).c_str(), nullptr);
     CostInputs probe;
     probe.link = link_;
-    probe.machine.copy_bytes_per_s = 1e30;  // the local part: shared memory, not the transport's cost
+    probe.machine.copy_bytes_per_s = 1e30;
+    probe.link.local_bytes_per_s = 1e30;  // the local part: shared memory, not the transport's cost
     const int L = std::max(1, per_node);
     const double link_s = exchange_seconds(probe, size, L - 1, L, static_cast<double>(kBytes));
     const int remote = size - L;
@@ -223,7 +242,7 @@ std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& s
                                              int size) {
   if (o.device != Device::Cpu || size <= 1 || o.codec == nullptr) return std::nullopt;
   const Topology topo = o.topology ? *o.topology : Topology::flat(size);
-  share_hosts(store, transport, rank, size, topo.uniform_size(), o.timeout);
+  share_hosts(store, transport, rank, size, topo, o.timeout);
   if (!enabled_) return std::nullopt;
   const CodecConfig& cfg = o.codec->config();
   CodecConfig server = o.server_codec ? *o.server_codec : server_codec_config(cfg);

@@ -75,7 +75,7 @@ class AutoChoice {
     CodecRates codec, server;
     MachineRates machine;
   };
-  void share_hosts(Store& store, Transport* transport, int rank, int size, int per_node, Timeout timeout);
+  void share_hosts(Store& store, Transport* transport, int rank, int size, const Topology& topo, Timeout timeout);
   const Shared* share_rates(const CodecConfig& codec, const CodecConfig& server, Store& store, int rank,
                             Timeout timeout);
 

@@ -60,7 +60,7 @@ double exchange_seconds(const CostInputs& in, const Group& g, double bytes) {
     t = g.sharers * remote * bytes / link_bytes_per_s(in) + remote * bytes * in.link.transport_s_per_byte +
         in.link.latency_s;
   if (g.local_peers > 0) t = std::max(t, g.local_peers * bytes / local_bytes_per_s(in));
-  return t;
+  return t + (g.members - 1) * in.link.per_message_s;
 }
 
 // CPU time of moving `bytes` through the transport on this rank (sent and

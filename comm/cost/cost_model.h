@@ -58,6 +58,11 @@ struct LinkModel {
   /// the link's time (its own CPU work: TCP through the kernel; measured by
   /// AutoChoice, 0 when the link is the bottleneck).
   double transport_s_per_byte = 0;
+  /// Seconds per message of an exchange (it posts one send and one receive
+  /// per peer): what grows with the peer count at hundreds of ranks. 0 in
+  /// auto's model (the latency measured on all peers holds it); gradzip-model
+  /// takes it as --message-us.
+  double per_message_s = 0;
 };
 
 /// "1gbit", "10gbit", "2.5gbit,50us", "100mbit,1ms" (gradzip-run --link's

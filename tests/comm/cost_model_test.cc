@@ -68,6 +68,15 @@ TEST(CostModel, WireTimeIsTheAlgorithmsBytesOverTheLink) {
   EXPECT_NEAR(predict(Algorithm::ScatterReduce, in).wire_s, 2 * 7 * 2.0 * (n / 8) / B, 1e-9);
   // With nothing else to do the call takes its wire time.
   EXPECT_NEAR(predict(Algorithm::Allgather, in).total_s, 7 * 2.0 * n / B, 1e-9);
+  // A cost per message: one per peer, per exchange (allgather: one exchange a segment).
+  CostInputs msg = in;
+  msg.link.per_message_s = 1e-3;
+  const Prediction pm = predict(Algorithm::Allgather, msg);
+  EXPECT_NEAR(pm.wire_s - predict(Algorithm::Allgather, in).wire_s, pm.segments * 7 * 1e-3, 1e-9);
+  // The transport's own cost per byte sent to another node adds to the link's.
+  CostInputs tcp = in;
+  tcp.link.transport_s_per_byte = 1e-9;
+  EXPECT_NEAR(predict(Algorithm::Allgather, tcp).wire_s, 7 * 2.0 * n / B + 7 * 2.0 * n * 1e-9, 1e-9);
   // Codec none on the host (raw): 4 bytes an element, 2 ranks, either algorithm.
   CostInputs raw = wire_only(n, 2, 4, 4);
   raw.raw = true;

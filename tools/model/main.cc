@@ -16,6 +16,7 @@
 // none, the same layout), the speedup, and the DDP step (--compute-ms of
 // forward and backward, then the allreduce of --size gradients, not
 // overlapped: an upper bound on the step).
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -80,6 +81,9 @@ struct Options {
   std::size_t n = 100'000'000;
   double compute_ms = 0;
   double latency_us = 20;
+  double message_us = 2;
+  double compute_share = 1;
+  bool all = false;
   std::string csv;
 };
 
@@ -98,11 +102,17 @@ std::vector<std::string> split(const std::string& s) {
                "  --ranks LIST      rank counts (default 2,4,8,...,1024)\n"
                "  --links LIST      link rates, gradzip-run's syntax (default 1gbit,10gbit,25gbit,100gbit)\n"
                "  --codecs LIST     codec specs, ';'-free (default fp16,onebit,topk,qsgd,fp8)\n"
-               "  --rates LIST      cpu (this machine: cached or measured), h100, h200 (default all)\n"
+               "  --rates LIST      cpu (this machine: cached or measured), h100, h200, file:PATH (default\n"
+               "                    cpu,h100,h200). PATH: lines 'SPEC ENCODE_NS DECODE_NS DECODE_EACH_NS' (ns per\n"
+               "                    element; decode_sum of k payloads = DECODE + k DECODE_EACH) and\n"
+               "                    'machine COPY_GBS SUM_NS SUM_EACH_NS'\n"
+               "  --compute-share X codec work slowed X times (ranks sharing a core: 2 for 4 ranks on 2 cores)\n"
+               "  --all             every algorithm auto may run, not only its choice\n"
                "  --per-node L      ranks per node of the second layout (default 8; the first: 1)\n"
                "  --size N          gradient elements (default 100000000)\n"
                "  --compute-ms T    forward + backward time of the DDP step (default 0)\n"
                "  --latency-us T    latency of one exchange (default 20)\n"
+               "  --message-us T    cost of each peer's message in an exchange (default 2)\n"
                "  --csv FILE        also write the rows as CSV\n");
   std::exit(code);
 }
@@ -112,6 +122,10 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") usage(0);
+    if (a == "--all") {
+      o.all = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(2);
     const std::string v = argv[++i];
     try {
@@ -138,6 +152,11 @@ Options parse(int argc, char** argv) {
         o.compute_ms = std::stod(v);
       } else if (a == "--latency-us") {
         o.latency_us = std::stod(v);
+      } else if (a == "--compute-share") {
+        o.compute_share = std::stod(v);
+        if (!(o.compute_share > 0)) throw std::invalid_argument("share");
+      } else if (a == "--message-us") {
+        o.message_us = std::stod(v);
       } else if (a == "--csv") {
         o.csv = v;
       } else {
@@ -179,6 +198,40 @@ Source cpu_source(const std::vector<CodecConfig>& needed) {
   return s;
 }
 
+// Rates given in a file (see --rates): each value checked, every codec named
+// by its canonical spec.
+Source file_source(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) GZ_THROW(InvalidArgument, "--rates file:", path, ": cannot read");
+  Source s{"file", path, false, {}, {}};
+  bool machine = false;
+  int line_no = 0;
+  for (std::string line; std::getline(f, line);) {
+    ++line_no;
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    std::string key;
+    double a = 0, b = 0, c = 0;
+    if (!(in >> key >> a >> b >> c) || a < 0 || b < 0 || c < 0 || !std::isfinite(a + b + c))
+      GZ_THROW(InvalidArgument, path, ":", line_no, ": expected 'SPEC ENCODE_NS DECODE_NS DECODE_EACH_NS' or "
+               "'machine COPY_GBS SUM_NS SUM_EACH_NS', got '", line, "'");
+    if (key == "machine") {
+      if (!(a > 0)) GZ_THROW(InvalidArgument, path, ":", line_no, ": the copy rate must be positive");
+      s.machine = MachineRates{a * 1e9, b * 1e-9, c * 1e-9};
+      machine = true;
+      continue;
+    }
+    const CodecConfig cfg = parse_spec(key);
+    constexpr std::size_t kRef = std::size_t{1} << 20;
+    const double bytes = cfg.descriptor().lossless
+                             ? 4.0
+                             : static_cast<double>(make_codec(cfg)->max_payload_bytes(kRef) - wire::kHeaderBytes) / kRef;
+    s.codecs[cfg.canonical()] = CodecRates{a * 1e-9, b * 1e-9, c * 1e-9, bytes};
+  }
+  if (!machine) GZ_THROW(InvalidArgument, path, ": no 'machine' line");
+  return s;
+}
+
 Source gpu_source(const GpuRates& g) {
   Source s{g.name, g.source, true, {}, {}};
   s.machine.copy_bytes_per_s = g.copy_gbs * 1e9;
@@ -216,6 +269,10 @@ int main(int argc, char** argv) {
         sources.push_back(cpu_source(needed));
         continue;
       }
+      if (r.rfind("file:", 0) == 0) {
+        sources.push_back(file_source(r.substr(5)));
+        continue;
+      }
       bool found = false;
       for (const auto& g : gpus())
         if (r == g.name) {
@@ -232,8 +289,8 @@ int main(int argc, char** argv) {
                         "baseline_algorithm,baseline_ms,speedup,step_ms,baseline_step_ms,step_speedup\n");
     }
     std::printf("# gradzip-model: %zu elements, DDP step = %.1f ms of compute + the allreduce, %d ranks per node "
-                "(second layout), %.0f us per exchange\n",
-                o.n, o.compute_ms, o.per_node, o.latency_us);
+                "(second layout), %.0f us per exchange + %.1f us per peer\n",
+                o.n, o.compute_ms, o.per_node, o.latency_us, o.message_us);
     for (const Source& src : sources) {
       std::printf("# rates %s: %s\n", src.name.c_str(), src.description.c_str());
       std::printf("# %-26s %-12s %-8s %6s %-14s %11s %11s %10s %8s %10s %8s\n", "codec", "layout", "link", "ranks",
@@ -259,7 +316,9 @@ int main(int argc, char** argv) {
               in.machine = src.machine;
               in.link = parse_link_model(link_text);
               in.link.latency_s = std::max(in.link.latency_s, o.latency_us * 1e-6);
+              in.link.per_message_s = o.message_us * 1e-6;
               in.ef = cfg.ef;
+              in.compute_share = o.compute_share;
               // fp32 baseline: none, the same layout (the host sums floats; a GPU sends none's payloads).
               CostInputs base = in;
               base.codec = base.server = *none;
@@ -272,19 +331,23 @@ int main(int argc, char** argv) {
               // auto's choice on this layout (with nodes of L: hierarchical among them).
               const std::vector<Algorithm> cand = auto_candidates(cfg, topo);
               const std::vector<Algorithm> base_cand = auto_candidates(parse_spec("none"), topo);
-              const Algorithm a = fastest_algorithm(in, cand), b = fastest_algorithm(base, base_cand);
-              const Prediction p = predict(a, in), pb = predict(b, base);
+              const Algorithm chosen = fastest_algorithm(in, cand), b = fastest_algorithm(base, base_cand);
+              const Prediction pb = predict(b, base);
+              for (Algorithm a : o.all ? cand : std::vector<Algorithm>{chosen}) {
+              const Prediction p = predict(a, in);
               const double t = p.total_s * 1e3, tb = pb.total_s * 1e3;
               const double step = o.compute_ms + t, base_step = o.compute_ms + tb;
               const std::string layout = hier ? std::to_string(L) + "/node" : "1/node";
               std::printf("  %-26s %-12s %-8s %6d %-14s %11.2f %11.2f %10.2f %8.2f %10.2f %8.2f\n",
-                          cfg.canonical().c_str(), layout.c_str(), link_text.c_str(), P, to_string(a), t, p.compute_s * 1e3,
+                          cfg.canonical().c_str(), layout.c_str(), link_text.c_str(), P,
+                          (std::string(to_string(a)) + (o.all && a == chosen ? "*" : "")).c_str(), t, p.compute_s * 1e3,
                           p.wire_s * 1e3, tb / t, step, base_step / step);
               if (csv)
                 std::fprintf(csv, "%s,%s,%s,%s,%.6g,%d,%s,%.6g,%.6g,%.6g,%s,%.6g,%.6g,%.6g,%.6g,%.6g\n",
                              src.name.c_str(), cfg.canonical().c_str(), layout.c_str(), link_text.c_str(),
                              in.link.bits_per_s, P, to_string(a), t, p.compute_s * 1e3, p.wire_s * 1e3, to_string(b),
                              tb, tb / t, step, base_step, base_step / step);
+              }
             }
           }
         }
