@@ -3,13 +3,15 @@ allreduce against ranks and link rate (gradzip-model), with the speedups
 measured on the emulated cluster drawn on it.
 
     python bench/model_plot.py --model build/bin/gradzip-model \
-        --measured bench/results/costmodel/<run> --out bench/results/costmodel/scale.png
+        --cpu-rates file:bench/results/costmodel/epyc-quiet-rates.txt \
+        --points bench/results/costmodel/measured-points.json --out bench/results/costmodel/scale.png
 
 Rows: one rank per node (auto among allgather and scatter_reduce) and 8
 ranks per node (hierarchical allowed); columns: the codec rates (this CPU,
 H100, H200). Lines: onebit (solid) and topk 1% (dashed), one colour per link
-rate. Points: gradzip-bench rows of the emulated cluster (2 and 4 ranks on
-the top row, 2 nodes x 2 on the bottom one), at the same size.
+rate. Points: speedups measured on the emulated cluster (--points: a JSON
+list of {layout, link, codec, ranks, speedup}; or --measured: the 16M rows of
+a bench/cluster/costmodel_table.sh run), drawn on the CPU column.
 """
 from __future__ import annotations
 
@@ -31,13 +33,18 @@ COLOURS = {"1gbit": "tab:blue", "10gbit": "tab:orange", "25gbit": "tab:green", "
 CODECS = {"onebit:block=512": ("onebit", "-", "o"), "topk:density=0.01": ("topk 1%", "--", "s")}
 
 
-def model_rows(model: str, size: int, compute_ms: float) -> list[dict]:
+def model_rows(model: str, size: int, compute_ms: float, cpu_rates: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "model.csv"
         subprocess.run([model, "--codecs", ",".join(CODECS), "--links", ",".join(LINKS), "--size", str(size),
-                        "--compute-ms", str(compute_ms), "--csv", str(out)], check=True, stdout=subprocess.DEVNULL)
+                        "--rates", f"{cpu_rates},h100,h200", "--compute-ms", str(compute_ms), "--csv", str(out)],
+                       check=True, stdout=subprocess.DEVNULL)
         with out.open() as f:
-            return list(csv.DictReader(f))
+            rows = list(csv.DictReader(f))
+    for r in rows:
+        if r["rates"] not in ("h100", "h200"):
+            r["rates"] = "cpu"
+    return rows
 
 
 def measured_points(folder: Path | None) -> dict:
@@ -63,13 +70,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="build/bin/gradzip-model")
     ap.add_argument("--measured", type=Path, help="an OUT_DIR of bench/cluster/costmodel_table.sh")
-    ap.add_argument("--size", type=int, default=SIZE[0], help="gradient elements (default 16M: the measured rows)")
+    ap.add_argument("--points", type=Path, help="a JSON list of {layout, link, codec, ranks, speedup}")
+    ap.add_argument("--cpu-rates", default="cpu", help="gradzip-model's --rates for the CPU column (default cpu)")
+    ap.add_argument("--size", type=int, default=SIZE[0], help="gradient elements (default 16M, as --measured's rows)")
     ap.add_argument("--compute-ms", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=Path("scale.png"))
     a = ap.parse_args()
     SIZE[0] = a.size
-    rows = model_rows(a.model, a.size, a.compute_ms)
+    rows = model_rows(a.model, a.size, a.compute_ms, a.cpu_rates)
     points = measured_points(a.measured)
+    if a.points:
+        for p in json.loads(a.points.read_text()):
+            points[(p["layout"], p["link"], p["codec"])].append((p["ranks"], p["speedup"]))
     sources = [s for s in ("cpu", "h100", "h200") if any(r["rates"] == s for r in rows)]
     layouts = ["1/node", "8/node"]
     fig, axes = plt.subplots(len(layouts), len(sources), figsize=(5 * len(sources), 4.2 * len(layouts)),
@@ -99,9 +111,9 @@ def main() -> None:
                 ax.set_xlabel("ranks")
             if j == 0:
                 ax.set_ylabel("speedup over the fp32 allreduce")
-    axes[0][0].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"gradzip cost model: allreduce of {a.size / 2**20:.0f}M floats; markers: measured on the "
-                 "emulated cluster (2, 4 ranks; 2 nodes x 2 on the 8/node row)", fontsize=10)
+    axes[-1][0].legend(fontsize=7, ncol=2, loc="lower left")
+    fig.suptitle(f"gradzip cost model: speedup of the allreduce of {a.size / 1e6:.0f}M floats over fp32; "
+                 f"markers: measured on the emulated cluster ({a.points.name if a.points else 'none'})", fontsize=10)
     fig.tight_layout()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(a.out, dpi=110)
