@@ -110,7 +110,13 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   auto codec = make_codec(spec);
   Row row;
   row.codec = codec->spec();
-  row.algorithm = resolve_algorithm(algorithm, codec->config(), m.comm.topology());
+  {
+    AllreduceCall what;  // auto: what the communicator runs (the cost model's choice when it has a link)
+    what.algorithm = algorithm;
+    what.segment_bytes = m.o.segment_bytes;
+    what.device = m.o.device;
+    row.algorithm = m.comm.resolve_algorithm(*codec, n, what);
+  }
   row.transport = to_string(m.o.transport);
   row.ranks = m.P;
   row.elements = n;
@@ -159,6 +165,25 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
     local = std::max(local, nodes ? stats.wire_bytes - stats.remote_bytes : 0);
   }
   const double k = 1e3 / m.o.iters;
+  if (m.o.predict) {
+    if (const auto in = m.comm.cost_inputs(*codec, n, call)) {
+      const Prediction p = predict(row.algorithm, *in);
+      row.predicted_ms = p.total_s * 1e3;
+      row.limit_ms = memory_limit(row.algorithm, *in) * 1e3;
+      // The model again with this row's own codec time (the slowest rank's
+      // enc + dec): what is left of the error is the pipeline and the wire,
+      // not the rates (on a loaded machine the codec work slows unevenly).
+      const double measured = [&] {
+        const auto mx = m.max_over_ranks({(enc + dec) / m.o.iters});
+        return mx[0];
+      }();
+      if (p.compute_s > 0 && measured > 0) {
+        CostInputs fit = *in;
+        fit.compute_share *= measured / p.compute_s;
+        row.predicted_fit_ms = predict(row.algorithm, fit).total_s * 1e3;
+      }
+    }
+  }
   // The hidden share of each rank, then the least over ranks (as -max(-x)).
   const double compute = enc + dec;
   const double hidden = compute > 0 ? std::clamp((com - wait) / compute, 0.0, 1.0) : 0.0;

@@ -29,6 +29,9 @@ struct Row {
   double error_bound = 0;
   std::size_t workspace_bytes = 0;   ///< payload slots + chunk sum + codec scratch
   std::size_t workspace_bound = 0;   ///< (P + 1) payloads + n/P floats (+ codec scratch)
+  double predicted_ms = 0;         ///< --predict: the cost model's total (0: no model)
+  double predicted_fit_ms = 0;     ///< --predict: the same with the codec work this row measured (enc + dec)
+  double limit_ms = 0;             ///< --predict: max(link time, codec memory bytes / copy bandwidth)
   bool identical = true;           ///< every rank got the same bits
   bool ok = true;
   std::string note;

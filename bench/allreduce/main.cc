@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   const bench::Options o = bench::parse_options(argc, argv);
   try {
     CommunicatorOptions copt;
+    copt.link = o.link;
     if (o.timeout_s > 0) copt.timeout = Timeout(static_cast<Timeout::rep>(std::ceil(o.timeout_s * 1000)));
     auto comm = Communicator::from_env(o.transport, copt);
     const bool root = comm->rank() == 0;
@@ -29,6 +30,20 @@ int main(int argc, char** argv) {
 #if GZ_HAVE_UCX
     if (auto* u = dynamic_cast<UcxTransport*>(&comm->transport())) desc = u->describe();
 #endif
+    if (o.predict) {
+      // The model's shared inputs (collective): what every row's prediction uses.
+      AllreduceCall call;
+      call.algorithm = Algorithm::Allgather;
+      call.device = o.device;
+      const auto none = make_codec("none");
+      const auto in = comm->cost_inputs(*none, 1 << 20, call);
+      if (root && in)
+        std::printf("# model: link %.3g Gbit/s x %.2f, %.0f us per exchange, transport %.2f ns/B, codec work %.2fx one quiet core, copy %.1f GB/s (measured)\n",
+                    in->link.bits_per_s / 1e9, in->link.efficiency, in->link.latency_s * 1e6, in->link.transport_s_per_byte * 1e9, in->compute_share,
+                    in->machine.copy_bytes_per_s / 1e9);
+      else if (root)
+        std::printf("# model: off (no link: give --link or run under gradzip-run --link; CUDA and 1 rank: none)\n");
+    }
     if (root) bench::print_header(o, comm->size(), desc, comm->topology().describe());
 
     bench::Harness h(*comm, o);
@@ -47,8 +62,12 @@ int main(int argc, char** argv) {
       bool base_listed = false;
       for (const auto& spec : o.codecs) {
         const CodecConfig cfg = parse_spec(spec);
+        AllreduceCall what;
+        what.algorithm = o.algorithm;
+        what.segment_bytes = o.segment_bytes;
+        what.device = o.device;
         const bool is_base = cfg.id == CodecId::None &&
-                             resolve_algorithm(o.algorithm, cfg, comm->topology()) == Algorithm::ScatterReduce;
+                             comm->resolve_algorithm(*make_codec(cfg), n, what) == Algorithm::ScatterReduce;
         bench::Row r = is_base ? base : h.run(spec, n, o.algorithm);
         if (r.codec == "none" && r.algorithm == Algorithm::ScatterReduce) base_listed = true;
         finish(r);

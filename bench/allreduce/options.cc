@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "comm/cost/cost_model.h"
 #include "common/error.h"
 #include "common/units.h"
 #include "compressors/descriptor.h"
@@ -58,6 +59,10 @@ void usage(FILE* f) {
                "  --transport T      ucx | nccl (default ucx)\n"
                "  --algorithm A      auto | allgather | scatter_reduce | hierarchical (default auto)\n"
                "  --segment BYTES    payload bytes per pipeline segment, K/M suffixes (default 1M)\n"
+               "  --predict          also print the cost model's prediction (pred), its error, and the\n"
+               "                     limit: max(link time, bytes the codec touches / copy bandwidth)\n"
+               "  --link RATE        the link for --predict and auto, e.g. 1gbit, 10gbit,50us\n"
+               "                     (default GRADZIP_LINK, which gradzip-run --link sets)\n"
                "  --iters N          timed iterations per row (default 5)\n"
                "  --warmup N         untimed iterations first (default 2)\n"
                "  --device D         cpu | cuda (default cpu; ranks may share a GPU over ucx)\n"
@@ -110,10 +115,12 @@ Options parse_options(int argc, char** argv) {
                                  {"list-codecs", no_argument, nullptr, 'L'},
                                  {"list-algorithms", no_argument, nullptr, 'A'},
                                  {"segment", required_argument, nullptr, 'S'},
+                                 {"predict", no_argument, nullptr, 'P'},
+                                 {"link", required_argument, nullptr, 'K'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
   try {
-    for (int c; (c = getopt_long(argc, argv, "c:s:t:a:i:w:d:j:l:T:S:h", longs, nullptr)) != -1;) {
+    for (int c; (c = getopt_long(argc, argv, "c:s:t:a:i:w:d:j:l:T:S:PK:h", longs, nullptr)) != -1;) {
       const std::string v = optarg ? optarg : "";
       switch (c) {
         case 'c':
@@ -149,6 +156,11 @@ Options parse_options(int argc, char** argv) {
         case 'S':
           o.segment_bytes = parse_bytes(v);
           if (o.segment_bytes == 0) bad("--segment must be at least 1 byte");
+          break;
+        case 'P': o.predict = true; break;
+        case 'K':
+          (void)parse_link_model(v);  // fail before any rank connects
+          o.link = v;
           break;
         case 'h': usage(stdout); std::exit(0);
         case 'L': list_codecs(); std::exit(0);

@@ -25,6 +25,10 @@ struct Options {
   std::string jsonl;      ///< append each record here as it finishes
   double timeout_s = 0;   ///< 0: GRADZIP_TIMEOUT_S or 60
   std::size_t segment_bytes = 0;  ///< payload bytes per pipeline segment (0: the library's default)
+  /// Print the cost model's prediction and the memory-traffic limit next to
+  /// each row (needs a link: --link or GRADZIP_LINK, as gradzip-run --link sets).
+  bool predict = false;
+  std::string link;       ///< the link for the cost model (empty: GRADZIP_LINK)
 };
 
 /// "4096", "512K", "2M" (powers of 1024), counts of bytes.

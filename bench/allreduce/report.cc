@@ -49,7 +49,7 @@ void print_header(const Options& o, int ranks, const std::string& transport_desc
   std::printf("# gradzip-bench: compressed allreduce, %d ranks\n", ranks);
   std::printf("# transport: %s   device: %s   algorithm: %s   iters: %d   warmup: %d\n", transport_desc.c_str(),
               to_string(o.device), to_string(o.algorithm), o.iters, o.warmup);
-  const char* link = std::getenv("GRADZIP_LINK");
+  const char* link = o.link.empty() ? std::getenv("GRADZIP_LINK") : o.link.c_str();
   std::printf("# topology: %s   link: %s   segment: %zu bytes\n", topology.c_str(), link ? link : "local",
               o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes);
   std::printf("# machine: %s (%s %s, %s), %ld cpus   %s\n", host, u.sysname, u.release, cpu_model().c_str(),
@@ -62,19 +62,32 @@ void print_header(const Options& o, int ranks, const std::string& transport_desc
               "# are the codec's work, comm the time with bytes in flight, wait the part of it spent blocked.\n"
               "# hidden: the share of enc + dec that ran while bytes moved, (comm - wait) / (enc + dec),\n"
               "# least over ranks. rel_err: ||out - exact|| / ||exact|| of the first call (zero EF state).\n"
-              "# workspace: bytes per rank beyond the buffer and EF state.\n#\n");
-  std::printf("# %11s  %-26s %-14s %12s %7s %9s %9s %9s %9s %6s %4s %9s %8s %9s %12s  %s\n", "elements", "codec",
+              "# workspace: bytes per rank beyond the buffer and EF state.\n");
+  if (o.predict)
+    std::printf("# pred: the cost model's time (comm/cost/cost_model.h), err = pred / total - 1; fit: the model\n"
+                "# with the codec time this row measured (enc + dec, slowest rank) instead of the rates, fit_err\n"
+                "# its error. limit: max(the link time of the wire bytes, bytes the codec touches / copy\n"
+                "# bandwidth), x_lim = total / limit.\n");
+  std::printf("#\n");
+  std::printf("# %11s  %-26s %-14s %12s %7s %9s %9s %9s %9s %6s %4s %9s %8s %9s %12s  %s%s\n", "elements", "codec",
               "algorithm", "wire(B)", "ratio", "enc(ms)", "dec(ms)", "comm(ms)", "wait(ms)", "hidden", "seg",
-              "total(ms)", "speedup", "rel_err", "workspace(B)", "check");
+              "total(ms)", "speedup", "rel_err", "workspace(B)", "check",
+              o.predict ? "    pred(ms)    err    fit(ms) fit_err  limit(ms)  x_lim" : "");
   std::fflush(stdout);
 }
 
 void print_row(const Row& r) {
-  std::printf("  %11zu  %-26s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %5.0f%% %4zu %9.3f %8.2f %9.2e %12zu  %s%s%s\n",
+  char pred[128] = "";
+  if (r.predicted_ms > 0)
+    std::snprintf(pred, sizeof pred, "  %10.3f %+5.0f%% %10.3f %+6.0f%% %10.3f %6.2f", r.predicted_ms,
+                  100 * (r.predicted_ms / r.total_ms - 1), r.predicted_fit_ms,
+                  r.predicted_fit_ms > 0 ? 100 * (r.predicted_fit_ms / r.total_ms - 1) : 0.0, r.limit_ms,
+                  r.limit_ms > 0 ? r.total_ms / r.limit_ms : 0.0);
+  std::printf("  %11zu  %-26s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %5.0f%% %4zu %9.3f %8.2f %9.2e %12zu  %s%s%s%s\n",
               r.elements, r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm),
               r.wire_bytes, r.ratio, r.encode_ms, r.decode_ms, r.comm_ms, r.wait_ms, 100 * r.hidden, r.segments,
               r.total_ms, r.speedup, r.rel_error, r.workspace_bytes, r.ok ? "OK" : "FAILED",
-              r.note.empty() ? "" : ": ", r.note.c_str());
+              pred, r.note.empty() ? "" : ": ", r.note.c_str());
   std::fflush(stdout);
 }
 
@@ -101,7 +114,8 @@ std::string json_record(const Row& r) {
     << ", \"segments\": " << r.segments
     << ", \"total_ms\": " << num(r.total_ms) << ", \"baseline_ms\": " << num(r.baseline_ms)
     << ", \"speedup\": " << num(r.speedup) << ", \"rel_error\": " << num(r.rel_error)
-    << ", \"error_bound\": " << num(r.error_bound) << ", \"workspace_bytes\": " << r.workspace_bytes
+    << ", \"error_bound\": " << num(r.error_bound) << ", \"predicted_ms\": " << num(r.predicted_ms)
+    << ", \"predicted_fit_ms\": " << num(r.predicted_fit_ms) << ", \"limit_ms\": " << num(r.limit_ms) << ", \"workspace_bytes\": " << r.workspace_bytes
     << ", \"identical\": " << (r.identical ? "true" : "false") << ", \"ok\": " << (r.ok ? "true" : "false")
     << "}";
   return f.str();

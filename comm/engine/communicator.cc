@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "comm/cost/auto_choice.h"
 #include "comm/engine/allreduce_run.h"
 #include "comm/security/crypto.h"
 #include "comm/store/prefix_store.h"
@@ -131,6 +132,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, std::unique_ptr<Transpo
     : store_(std::move(store)), transport_(std::move(transport)), options_(std::move(options)) {
   GZ_ENFORCE(store_ && transport_, "a communicator needs a store and a transport");
   topology_ = topology ? std::move(*topology) : Topology::flat(transport_->size());
+  auto_ = std::make_unique<AutoChoice>(options_.link);
   GZ_ENFORCE(topology_.ranks() == transport_->size(), "the topology describes ", topology_.ranks(),
              " ranks, the transport has ", transport_->size());
 }
@@ -181,8 +183,11 @@ void Communicator::guarded(F&& f) {
 
 void Communicator::allreduce(void* buffer, Dtype dtype, std::size_t n, Codec& codec, ErrorFeedback& state,
                              const AllreduceCall& call) {
-  const AllreduceOptions o = options_for(buffer, dtype, n, codec, state, call);
-  guarded([&] { gz::allreduce(o); });
+  AllreduceOptions o = options_for(buffer, dtype, n, codec, state, call);
+  guarded([&] {
+    o.algorithm = auto_->resolve(o, *store_, transport_.get(), rank(), size());
+    gz::allreduce(o);
+  });
 }
 
 void Communicator::reduce_scatter(float* buffer, std::size_t n, Codec& codec, ErrorFeedback& state,
@@ -191,6 +196,22 @@ void Communicator::reduce_scatter(float* buffer, std::size_t n, Codec& codec, Er
   AllreduceOptions o = options_for(buffer, Dtype::Float32, n, codec, state, call);
   o.algorithm = Algorithm::ReduceScatter;  // what reduce_scatter() runs, with this communicator's topology (stats)
   guarded([&] { detail::run_collective(o, "reduce_scatter"); });
+}
+
+Algorithm Communicator::resolve_algorithm(const Codec& codec, std::size_t n, const AllreduceCall& call) {
+  ErrorFeedback unused;  // options_for's; nothing runs
+  AllreduceOptions o = options_for(nullptr, Dtype::Float32, n, const_cast<Codec&>(codec), unused, call);
+  Algorithm a = Algorithm::Auto;
+  guarded([&] { a = gz::resolve_algorithm(auto_->resolve(o, *store_, transport_.get(), rank(), size()), codec.config(), topology_); });
+  return a;
+}
+
+std::optional<CostInputs> Communicator::cost_inputs(const Codec& codec, std::size_t n, const AllreduceCall& call) {
+  ErrorFeedback unused;
+  AllreduceOptions o = options_for(nullptr, Dtype::Float32, n, const_cast<Codec&>(codec), unused, call);
+  std::optional<CostInputs> in;
+  guarded([&] { in = auto_->inputs(o, *store_, transport_.get(), rank(), size()); });
+  return in;
 }
 
 void Communicator::barrier() {

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string_view>
 
+#include "comm/cost/cost_model.h"
 #include "comm/engine/allreduce.h"
 #include "comm/engine/error_feedback.h"
 #include "comm/engine/reduce_scatter.h"
@@ -25,6 +26,8 @@
 #include "comm/transports/transport.h"
 
 namespace gz {
+
+class AutoChoice;  // comm/cost/auto_choice.h
 
 enum class TransportKind : unsigned char { Ucx, Nccl };
 
@@ -42,6 +45,11 @@ struct CommunicatorOptions {
   /// endpoints outlive every rank's last call. Off for a transport over
   /// endpoints and a store someone else owns (torch's process group).
   bool closing_barrier = true;
+  /// The link between nodes, "1gbit" or "10gbit,50us" (empty: GRADZIP_LINK,
+  /// which gradzip-run --link sets). Known, auto runs the algorithm the cost
+  /// model predicts fastest (comm/cost/auto_choice.h); unknown, the one that
+  /// sends the fewest bytes. Rank 0's is used by every rank.
+  std::string link;
 };
 
 /// Per-call settings of Communicator::allreduce and reduce_scatter.
@@ -119,6 +127,15 @@ class Communicator {
 
   void barrier();
 
+  /// What allreduce() runs for `call.algorithm` on n elements of `codec`
+  /// (Auto: by the cost model when the link is known, else by bytes).
+  /// Collective when Auto (see comm/cost/auto_choice.h).
+  Algorithm resolve_algorithm(const Codec& codec, std::size_t n, const AllreduceCall& call);
+  /// The cost model's inputs for allreduce() on n elements of `codec`
+  /// (gz::predict(algorithm, inputs) predicts a call), nullopt when the model
+  /// is off (no link, CUDA, one rank). Collective.
+  std::optional<CostInputs> cost_inputs(const Codec& codec, std::size_t n, const AllreduceCall& call);
+
   Transport& transport() { return *transport_; }
   /// Which node each rank runs on (the hierarchical allreduce uses it).
   const Topology& topology() const { return topology_; }
@@ -148,6 +165,7 @@ class Communicator {
   CommunicatorOptions options_;
   Topology topology_;
   AllreduceWorkspace workspace_;
+  std::unique_ptr<AutoChoice> auto_;
   bool broken_ = false;
 };
 

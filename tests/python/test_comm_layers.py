@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ["base", "security", "store", "transports", "engine", "algorithms"]
-# The engine calls its algorithms through their descriptor, as compressors/ does its codecs'.
-EXCEPTIONS = {"engine": {"comm/algorithms/algorithm.h"}}
+LAYERS = ["base", "security", "store", "transports", "engine", "algorithms", "cost"]
+# The engine calls its algorithms through their descriptor, as compressors/ does its codecs',
+# and asks the cost model (which prices the engine's choices) for `auto`'s choice.
+EXCEPTIONS = {"engine": {"comm/algorithms/algorithm.h", "comm/cost/cost_model.h", "comm/cost/auto_choice.h"}}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(comm/[^"]+)"', re.M)
 
 

@@ -1,0 +1,61 @@
+"""The cost model's table from bench/cluster/costmodel_table.sh's OUT_DIR:
+predicted against measured for every row, and the memory-traffic limit rows.
+
+    python bench/cluster/costmodel_table.py OUT_DIR
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+LAYOUTS = [("two", "2 ranks"), ("four", "4 ranks"), ("nodes", "2 nodes x 2")]
+
+
+def rows(path: Path) -> list[dict]:
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def main(out: Path) -> None:
+    print((out / "machine.txt").read_text().strip().replace("\n", "; "))
+    print()
+    print("| layout | link | floats | codec | algorithm (auto) | measured ms | predicted ms | error | fit ms | fit error |")
+    print("|---|---|---:|---|---|---:|---:|---:|---:|---:|")
+    within, total, fit_within = 0, 0, 0
+    for link in ("1gbit", "10gbit"):
+        for key, layout in LAYOUTS:
+            for r in rows(out / f"{key}-{link}.json"):
+                if not r.get("predicted_ms"):
+                    continue
+                t, p, q = r["total_ms"], r["predicted_ms"], r.get("predicted_fit_ms", 0)
+                err, ferr = p / t - 1, (q / t - 1 if q else float("nan"))
+                total += 1
+                within += abs(err) <= 0.15
+                fit_within += abs(ferr) <= 0.15
+                print(f"| {layout} | {link} | {r['elements'] / 2**20:.0f}M | {r['codec']} | {r['algorithm']} | "
+                      f"{t:.1f} | {p:.1f} | {100 * err:+.0f}% | {q:.1f} | {100 * ferr:+.0f}% |")
+    print()
+    print(f"Rows within 15%: {within} of {total} (predicted from the rates); {fit_within} of {total} "
+          f"(fit: with each row's measured codec time).")
+    lim = rows(out / "limit.json")
+    if lim:
+        print()
+        print("| 2 ranks, 1 Gbit/s, 100M floats | measured ms | limit ms | measured / limit | enc ms | dec ms | wire bytes |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in lim:
+            if r["codec"] == "none":
+                continue
+            print(f"| {r['codec']} ({r['algorithm']}) | {r['total_ms']:.1f} | {r['limit_ms']:.1f} | "
+                  f"{r['total_ms'] / r['limit_ms']:.2f}x | {r['encode_ms']:.1f} | {r['decode_ms']:.1f} | "
+                  f"{r['wire_bytes_per_rank']} |")
+    log = out / "runs.log"
+    if log.exists():
+        print()
+        print("Runs (load average before each, the model's measured inputs):")
+        print()
+        for line in log.read_text().splitlines():
+            print(f"    {line}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,280 @@
+#include "comm/cost/auto_choice.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "comm/cost/codec_rates.h"
+#include "comm/base/env.h"
+#include "common/error.h"
+
+namespace gz {
+
+namespace {
+
+std::string boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id.empty() ? "unknown" : id;
+}
+
+int cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+}
+
+std::string rates_text(const CodecRates& r) {
+  char b[160];
+  std::snprintf(b, sizeof b, "%.9g %.9g %.9g %.9g", r.encode_s, r.decode_s, r.decode_each_s, r.bytes_per_element);
+  return b;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string part;
+  std::istringstream in(s);
+  while (std::getline(in, part, sep)) out.push_back(part);
+  return out;
+}
+
+}  // namespace
+
+std::vector<Algorithm> auto_candidates(const CodecConfig& codec, const Topology& topology) {
+  std::vector<Algorithm> c = {Algorithm::Allgather};
+  if (topology.ranks() > codec.descriptor().hint.allgather_up_to_ranks) c.push_back(Algorithm::ScatterReduce);
+  if (topology.nodes() >= 2 && topology.uniform_size() >= 2) c.push_back(Algorithm::Hierarchical);
+  return c;
+}
+
+Algorithm fastest_algorithm(const CostInputs& in, const std::vector<Algorithm>& candidates) {
+  GZ_ENFORCE(!candidates.empty(), "no algorithm to choose from");
+  Algorithm best = candidates.front();
+  double best_s = predict(best, in).total_s;
+  for (std::size_t i = 1; i < candidates.size(); ++i) {
+    const double t = predict(candidates[i], in).total_s;
+    if (t < best_s) {
+      best = candidates[i];
+      best_s = t;
+    }
+  }
+  return best;
+}
+
+AutoChoice::AutoChoice(std::string link) : link_text_(std::move(link)) {
+  if (link_text_.empty()) link_text_ = env_value("GRADZIP_LINK").value_or("");
+  if (env_value("GRADZIP_COST_MODEL").value_or("") == "off") link_text_.clear();
+}
+
+void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int size, const Topology& topo,
+                             Timeout timeout) {
+  const int per_node = topo.uniform_size();
+  if (hosts_known_) return;
+  store.set("costmodel/host/" + std::to_string(rank),
+            boot_id() + "\t" + std::to_string(cpu_count()) + "\t" + (rank == 0 ? link_text_ : ""));
+  std::map<std::string, std::pair<int, int>> hosts;  // boot id: ranks, cpus
+  std::string link;
+  for (int r = 0; r < size; ++r) {
+    const auto f = split(store.get("costmodel/host/" + std::to_string(r), timeout), '\t');
+    GZ_ENFORCE(f.size() >= 2, "rank ", r, " published a malformed machine record for the cost model");
+    auto& h = hosts[f[0]];
+    h.first += 1;
+    h.second = std::max(1, std::atoi(f[1].c_str()));
+    if (r == 0 && f.size() >= 3) link = f[2];
+  }
+  compute_share_ = 1;
+  for (const auto& [id, h] : hosts)
+    compute_share_ = std::max(compute_share_, static_cast<double>(h.first) / static_cast<double>(h.second));
+  hosts_known_ = true;
+  enabled_ = false;
+  if (link.empty()) return;
+  try {
+    link_ = parse_link_model(link);  // rank 0's text: the same result on every rank
+    enabled_ = true;
+  } catch (const InvalidArgument& e) {
+    if (rank == 0)
+      std::fprintf(stderr, "gradzip: warning: the link '%s' is not understood (%s); auto chooses by bytes\n",
+                   link.c_str(), e.what());
+    return;
+  }
+  // Timed on host buffers only (an NCCL transport takes device memory).
+  if (transport == nullptr || transport->device_memory()) return;
+  // The latency of one exchange with every peer: rank 0's median barrier.
+  const CallContext ctx{Device::Cpu, nullptr, timeout};
+  for (int i = 0; i < 2; ++i) transport->barrier(ctx);
+  std::vector<double> t;
+  for (int i = 0; i < 7; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    transport->barrier(ctx);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  char b[40];
+  std::snprintf(b, sizeof b, "%.9g", t[t.size() / 2]);
+  if (rank == 0) store.set("costmodel/latency", b);
+  const std::string v = store.get("costmodel/latency", timeout);
+  const double latency = std::strtod(v.c_str(), nullptr);
+  GZ_ENFORCE(std::isfinite(latency) && latency >= 0 && latency < 10, "rank 0 published a malformed latency '", v, "'");
+  link_.latency_s = std::max(link_.latency_s, latency);
+
+  // What the transport moves: every rank sends 1 MiB (about a pipeline
+  // segment's payload) to every peer at once, as an exchange of the
+  // algorithms does; rank 0's median time, less the latency and the link's
+  // time for those bytes (topology and shared node links included), is the
+  // transport's own cost per byte (TCP's kernel work on the emulated
+  // cluster's 10 Gbit/s links: far above the link's time).
+  {
+    constexpr std::size_t kBytes = std::size_t{1} << 20;
+    const auto peers = static_cast<std::size_t>(size - 1);
+    std::vector<std::byte> out(kBytes, std::byte{1}), in(kBytes * peers);
+    std::vector<std::size_t> got(peers);
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int r = 0, i = 0; r < size; ++r)
+      if (r != rank) {
+        sends.push_back({r, ConstSlice{out.data(), kBytes}});
+        recvs.push_back({r, Slice{in.data() + static_cast<std::size_t>(i) * kBytes, kBytes}, &got[static_cast<std::size_t>(i)]});
+        ++i;
+      }
+    // Rank 0's median of 3 timed exchanges (after 2 untimed), shared as `key`.
+    auto timed = [&](const std::vector<SendOp>& ss, const std::vector<RecvOp>& rs, const std::string& key) {
+      std::vector<double> ts;
+      for (int i = 0; i < 5; ++i) {
+        transport->barrier(ctx);
+        const auto t0 = std::chrono::steady_clock::now();
+        transport->wait(transport->start(ss, rs, ctx));
+        if (i >= 2) ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(ts.begin(), ts.end());
+      std::snprintf(b, sizeof b, "%.9g", ts[ts.size() / 2]);
+      if (rank == 0) store.set(key, b);
+      return std::strtod(store.get(key, timeout).c_str(), nullptr);
+    };
+    const double took = timed(sends, recvs, "costmodel/exchange");
+    if (per_node >= 2) {  // the node's own path: the same with the node's other ranks only
+      std::vector<SendOp> local_sends;
+      std::vector<RecvOp> local_recvs;
+      const int node = topo.node[static_cast<std::size_t>(rank)];
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        if (topo.node[static_cast<std::size_t>(sends[i].peer)] == node) {
+          local_sends.push_back(sends[i]);
+          local_recvs.push_back(recvs[i]);
+        }
+      const double local = timed(local_sends, local_recvs, "costmodel/local_exchange");
+      if (std::isfinite(local) && local > 0)
+        link_.local_bytes_per_s = static_cast<double>(per_node - 1) * static_cast<double>(kBytes) / local;
+    }
+    CostInputs probe;
+    probe.link = link_;
+    probe.machine.copy_bytes_per_s = 1e30;
+    probe.link.local_bytes_per_s = 1e30;  // the local part: shared memory, not the transport's cost
+    const int L = std::max(1, per_node);
+    const double link_s = exchange_seconds(probe, size, L - 1, L, static_cast<double>(kBytes));
+    const int remote = size - L;
+    if (std::isfinite(took) && remote > 0)
+      link_.transport_s_per_byte = std::max(0.0, took - link_s) / (static_cast<double>(remote) * kBytes);
+  }
+
+  // How much slower than one quiet core this machine runs each rank now: all
+  // ranks copy the same bytes at once (the cores and the memory bus shared
+  // with the other ranks and whatever else runs), against rank 0's cached
+  // copy rate of one core. The slowest rank's ratio scales every rank's codec
+  // work (compute_share), in place of the count of ranks per core.
+  std::vector<char> from(std::size_t{64} << 20, 1), to(from.size());
+  transport->barrier(ctx);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) std::memcpy(to.data(), from.data(), from.size());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::snprintf(b, sizeof b, "%.9g", took);
+  store.set("costmodel/copy/" + std::to_string(rank), b);
+  if (rank == 0) {
+    RatesCache cache(RatesCache::default_path());
+    std::snprintf(b, sizeof b, "%.9g", cache.machine().copy_bytes_per_s);
+    store.set("costmodel/copy_rate", b);
+  }
+  const double rate = std::strtod(store.get("costmodel/copy_rate", timeout).c_str(), nullptr);
+  double slowest = 0;
+  for (int r = 0; r < size; ++r)
+    slowest = std::max(slowest, std::strtod(store.get("costmodel/copy/" + std::to_string(r), timeout).c_str(), nullptr));
+  const double ratio = slowest * rate / (3.0 * static_cast<double>(from.size()));
+  if (std::isfinite(ratio) && ratio > 0) compute_share_ = std::clamp(ratio, 0.5, 64.0);
+}
+
+const AutoChoice::Shared* AutoChoice::share_rates(const CodecConfig& codec, const CodecConfig& server, Store& store,
+                                                  int rank, Timeout timeout) {
+  const auto key = std::make_pair(codec.canonical(), server.canonical());
+  if (auto it = rates_.find(key); it != rates_.end()) return &it->second;
+  const std::string store_key = "costmodel/rates/" + std::to_string(rounds_++);
+  if (rank == 0) {
+    RatesCache cache(RatesCache::default_path());
+    Shared s{cache.codec(codec), cache.codec(server), cache.machine()};
+    const MachineRates& m = s.machine;
+    char mb[120];
+    std::snprintf(mb, sizeof mb, "%.9g %.9g %.9g", m.copy_bytes_per_s, m.sum_s, m.sum_each_s);
+    store.set(store_key, key.first + "\t" + key.second + "\t" + rates_text(s.codec) + "\t" + rates_text(s.server) +
+                             "\t" + mb);
+    return &(rates_[key] = s);
+  }
+  const auto f = split(store.get(store_key, timeout), '\t');
+  GZ_ENFORCE(f.size() == 5, "rank 0 published malformed codec rates for the cost model");
+  if (f[0] != key.first || f[1] != key.second) return nullptr;  // another codec: the agreement will say
+  auto nums = [](const std::string& s) {
+    std::vector<double> v;
+    std::istringstream in(s);
+    for (double x; in >> x;) v.push_back(x);
+    return v;
+  };
+  const auto c = nums(f[2]), sv = nums(f[3]), m = nums(f[4]);
+  GZ_ENFORCE(c.size() == 4 && sv.size() == 4 && m.size() == 3, "rank 0 published malformed codec rates");
+  Shared s{{c[0], c[1], c[2], c[3]}, {sv[0], sv[1], sv[2], sv[3]}, {m[0], m[1], m[2]}};
+  return &(rates_[key] = s);
+}
+
+std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& store, Transport* transport, int rank,
+                                             int size) {
+  if (o.device != Device::Cpu || size <= 1 || o.codec == nullptr) return std::nullopt;
+  const Topology topo = o.topology ? *o.topology : Topology::flat(size);
+  share_hosts(store, transport, rank, size, topo, o.timeout);
+  if (!enabled_) return std::nullopt;
+  const CodecConfig& cfg = o.codec->config();
+  CodecConfig server = o.server_codec ? *o.server_codec : server_codec_config(cfg);
+  server.ef = cfg.ef && !server.descriptor().lossless;
+  const Shared* s = share_rates(cfg, server, store, rank, o.timeout);
+  if (!s) return std::nullopt;
+  CostInputs in;
+  in.n = o.n;
+  in.ranks = size;
+  in.per_node = std::max(1, topo.uniform_size());
+  in.codec = s->codec;
+  in.server = s->server;
+  in.raw = cfg.descriptor().lossless;
+  in.ef = cfg.ef;
+  in.machine = s->machine;
+  in.link = link_;
+  in.compute_share = compute_share_;
+  in.segment_bytes = o.segment_bytes;
+  in.inner = topo.nodes() >= 2 ? resolve_algorithm(Algorithm::Auto, cfg, topo.nodes()) : Algorithm::Allgather;
+  return in;
+}
+
+Algorithm AutoChoice::resolve(const AllreduceOptions& o, Store& store, int rank, int size) {
+  return resolve(o, store, nullptr, rank, size);
+}
+
+Algorithm AutoChoice::resolve(const AllreduceOptions& o, Store& store, Transport* transport, int rank, int size) {
+  const Topology topo = o.topology ? *o.topology : Topology::flat(size);
+  if (o.algorithm != Algorithm::Auto) return o.algorithm;
+  const std::optional<CostInputs> in = inputs(o, store, transport, rank, size);
+  if (!in) return resolve_algorithm(Algorithm::Auto, o.codec->config(), topo);
+  return fastest_algorithm(*in, auto_candidates(o.codec->config(), topo));
+}
+
+}  // namespace gz

@@ -1,0 +1,257 @@
+#include "comm/cost/cost_model.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+
+namespace gz {
+
+namespace {
+
+// A number with a unit from `units` (suffix, factor), e.g. "2.5gbit".
+double number_with_unit(std::string_view text, std::span<const std::pair<std::string_view, double>> units,
+                        std::string_view what, std::string_view whole) {
+  std::size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  const std::string digits(text.substr(0, i));
+  std::string unit(text.substr(i));
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || !std::isfinite(v))
+    GZ_THROW(InvalidArgument, "link '", whole, "': the ", what, " '", text, "' does not start with a number");
+  for (const auto& [suffix, factor] : units)
+    if (unit == suffix) return v * factor;
+  std::string known;
+  for (const auto& u : units) known += (known.empty() ? "" : ", ") + std::string(u.first);
+  GZ_THROW(InvalidArgument, "link '", whole, "': the ", what, " '", text, "' needs a unit (", known, ")");
+}
+
+constexpr std::array<std::pair<std::string_view, double>, 5> kRateUnits = {
+    {{"bit", 1.0}, {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}, {"tbit", 1e12}}};
+constexpr std::array<std::pair<std::string_view, double>, 4> kDelayUnits = {
+    {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1.0}}};
+
+std::size_t ceil_div(std::size_t a, std::size_t b) { return b ? (a + b - 1) / b : 0; }
+
+// One flat phase's group, as its links see it.
+struct Group {
+  int members = 1;      // ranks in the group
+  int local_peers = 0;  // of the others, how many share this rank's node (their bytes stay off the link)
+  int sharers = 1;      // ranks whose traffic crosses this rank's node link at the same time
+};
+
+double link_bytes_per_s(const CostInputs& in) { return in.link.bits_per_s / 8.0 * in.link.efficiency; }
+double local_bytes_per_s(const CostInputs& in) {
+  return in.link.local_bytes_per_s > 0 ? in.link.local_bytes_per_s : in.machine.copy_bytes_per_s / 2;
+}
+
+// Wire time of one exchange in which this rank sends `bytes` to each other
+// member (and receives as many from each).
+double exchange_seconds(const CostInputs& in, const Group& g, double bytes) {
+  const int remote = g.members - 1 - g.local_peers;
+  double t = 0;
+  if (remote > 0)
+    t = g.sharers * remote * bytes / link_bytes_per_s(in) + remote * bytes * in.link.transport_s_per_byte +
+        in.link.latency_s;
+  if (g.local_peers > 0) t = std::max(t, g.local_peers * bytes / local_bytes_per_s(in));
+  return t + (g.members - 1) * in.link.per_message_s;
+}
+
+// CPU time of moving `bytes` through the transport on this rank (sent and
+// received: a copy each, the sockets' or shared memory's).
+double transport_cpu_seconds(const CostInputs& in, const Group& g, double bytes) {
+  return 2.0 * (g.members - 1) * bytes / in.machine.copy_bytes_per_s;
+}
+
+double sum_seconds(const CostInputs& in, double m, int k) { return m * (in.machine.sum_s + k * in.machine.sum_each_s); }
+double decode_seconds(const CodecRates& r, double m, int k) { return m * (r.decode_s + k * r.decode_each_s); }
+
+Prediction flat_allgather(const CostInputs& in, const Group& g, std::size_t count) {
+  Prediction p;
+  if (count == 0 || g.members < 1) return p;
+  const double c = in.raw ? 4.0 : in.codec.bytes_per_element;
+  const std::size_t seg = model_segment_elems(count, c, in.segment_bytes);
+  const std::size_t S = ceil_div(count, seg);
+  const double m = static_cast<double>(count) / static_cast<double>(S);  // mean segment
+  const double e = in.raw ? 0.0 : m * in.codec.encode_s;
+  double d = in.raw ? sum_seconds(in, m, g.members) : decode_seconds(in.codec, m, g.members);
+  d += transport_cpu_seconds(in, g, m * c);
+  const double w = g.members > 1 ? exchange_seconds(in, g, m * c) : 0.0;
+  p.segments = S;
+  p.compute_s = S * (e + d) * in.compute_share;
+  p.wire_s = S * w;
+  p.total_s = pipeline_seconds(S, e * in.compute_share, d * in.compute_share, w);
+  return p;
+}
+
+Prediction flat_scatter_reduce(const CostInputs& in, const Group& g, std::size_t count) {
+  Prediction p;
+  if (count == 0 || g.members < 1) return p;
+  const auto G = static_cast<std::size_t>(g.members);
+  const std::size_t chunk = ceil_div(count, G);
+  const double c = in.raw ? 4.0 : in.codec.bytes_per_element, s = in.raw ? 4.0 : in.server.bytes_per_element;
+  const std::size_t seg = model_segment_elems(chunk, std::max(c, s), in.segment_bytes);
+  const std::size_t S = ceil_div(chunk, seg);
+  const double m = static_cast<double>(chunk) / static_cast<double>(S);
+  double e = 0, d = 0;
+  if (in.raw) {
+    d = sum_seconds(in, m, g.members);  // the owner's sum; the gather lands in place
+  } else {
+    e = g.members * m * in.codec.encode_s;              // scatter: every chunk's segment
+    d = decode_seconds(in.codec, m, g.members)          // reduce: the members' payloads
+        + m * in.server.encode_s                        // the chunk sum, again
+        + g.members * decode_seconds(in.server, m, 1);  // gather: each chunk's payload
+  }
+  d += transport_cpu_seconds(in, g, m * (c + s));
+  const double w = g.members > 1 ? exchange_seconds(in, g, m * c) + exchange_seconds(in, g, m * s) : 0.0;
+  p.segments = S;
+  p.compute_s = S * (e + d) * in.compute_share;
+  p.wire_s = S * w;
+  p.total_s = pipeline_seconds(S, e * in.compute_share, d * in.compute_share, w);
+  return p;
+}
+
+Group world_group(const CostInputs& in) {
+  const int L = std::max(1, in.per_node);
+  return Group{in.ranks, L - 1, L};
+}
+
+Prediction predict_allgather(const CostInputs& in) { return flat_allgather(in, world_group(in), in.n); }
+Prediction predict_scatter_reduce(const CostInputs& in) { return flat_scatter_reduce(in, world_group(in), in.n); }
+
+Prediction predict_hierarchical(const CostInputs& in) {
+  const int L = in.per_node;
+  if (L < 2 || in.ranks % L != 0)
+    GZ_THROW(InvalidArgument, "the hierarchical cost needs nodes of 2 or more ranks, got ", in.ranks, " ranks, ", L,
+             " per node");
+  const int N = in.ranks / L;
+  const std::size_t shard = ceil_div(in.n, static_cast<std::size_t>(L));
+  const Group node{L, L - 1, 1}, column{N, 0, L};
+  Prediction p;
+  // 1. reduce-scatter inside the node, fp32 (the floats on the host).
+  {
+    const std::size_t seg = model_segment_elems(shard, 4.0, in.segment_bytes);
+    const std::size_t S = ceil_div(shard, seg);
+    const double m = static_cast<double>(shard) / static_cast<double>(S);
+    const double d = (sum_seconds(in, m, L) + transport_cpu_seconds(in, node, 4 * m)) * in.compute_share;
+    const double w = exchange_seconds(in, node, 4 * m);
+    p.total_s += pipeline_seconds(S, 0, d, w);
+    p.compute_s += S * d;
+    p.segments = S;
+  }
+  // 2. the compressed allreduce of the shard across the nodes.
+  const bool gather = in.inner == Algorithm::Allgather;
+  const Prediction across = gather ? flat_allgather(in, column, shard) : flat_scatter_reduce(in, column, shard);
+  p.total_s += across.total_s;
+  p.compute_s += across.compute_s;
+  p.wire_s += across.wire_s;
+  p.segments = std::max(p.segments, across.segments);
+  // 3. every shard to every member of the node: the fp32 shard (raw), or
+  // the payloads flat kept, decoded by each member.
+  const double per = static_cast<double>(shard);
+  double bytes = 0, decode = 0;
+  if (in.raw) {
+    bytes = 4 * per;
+  } else if (gather) {
+    bytes = N * per * in.codec.bytes_per_element;
+    decode = (L - 1) * decode_seconds(in.codec, per, N);
+  } else {
+    bytes = per * in.server.bytes_per_element;
+    decode = (L - 1) * decode_seconds(in.server, per, 1);
+  }
+  decode = (decode + transport_cpu_seconds(in, node, bytes)) * in.compute_share;
+  p.total_s += exchange_seconds(in, node, bytes) + decode;
+  p.compute_s += decode;
+  return p;
+}
+
+constexpr std::array<AlgorithmCost, 3> kCosts = {{
+    {"allgather", Algorithm::Allgather, predict_allgather},
+    {"scatter_reduce", Algorithm::ScatterReduce, predict_scatter_reduce},
+    {"hierarchical", Algorithm::Hierarchical, predict_hierarchical},
+}};
+
+}  // namespace
+
+LinkModel parse_link_model(std::string_view text) {
+  LinkModel l;
+  const std::size_t comma = text.find(',');
+  const std::string_view rate = text.substr(0, comma);
+  if (rate.empty()) GZ_THROW(InvalidArgument, "link '", text, "': give a rate, e.g. 1gbit or 10gbit,50us");
+  l.bits_per_s = number_with_unit(rate, kRateUnits, "rate", text);
+  if (!(l.bits_per_s > 0)) GZ_THROW(InvalidArgument, "link '", text, "': the rate must be positive");
+  if (comma != std::string_view::npos) {
+    const std::string_view delay = text.substr(comma + 1);
+    if (delay.find(',') != std::string_view::npos)
+      GZ_THROW(InvalidArgument, "link '", text, "': expected RATE[,DELAY]");
+    l.latency_s = number_with_unit(delay, kDelayUnits, "delay", text);
+  }
+  return l;
+}
+
+double exchange_seconds(const CostInputs& in, int members, int local_peers, int sharers, double bytes) {
+  return exchange_seconds(in, Group{members, local_peers, sharers}, bytes);
+}
+
+double pipeline_seconds(std::size_t S, double e, double d, double w) {
+  if (S == 0) return 0;
+  const double n = static_cast<double>(S);
+  return std::max(n * (e + d) + std::max(0.0, w - d), e + n * w + d);
+}
+
+std::size_t model_segment_elems(std::size_t unit, double bytes_per_element, std::size_t segment_bytes) {
+  // Run::wire_for: segment_bytes of payload (default 1 MiB); by default at
+  // least 8 segments unless that makes them shorter than 64K elements; no
+  // longer than the run.
+  constexpr std::size_t kMinSegments = 8, kMinSegmentElems = std::size_t{1} << 16;
+  const double target = static_cast<double>(segment_bytes ? segment_bytes : std::size_t{1} << 20);
+  auto seg = static_cast<std::size_t>(std::clamp(target / std::max(bytes_per_element, 1e-9), 64.0, 1e12));
+  if (segment_bytes == 0) seg = std::min(seg, std::max(kMinSegmentElems, ceil_div(unit, kMinSegments)));
+  return std::max<std::size_t>(1, std::min(seg, std::max<std::size_t>(unit, 1)));
+}
+
+std::span<const AlgorithmCost> algorithm_costs() { return kCosts; }
+
+double memory_bytes(Algorithm a, const CostInputs& in) {
+  const double n = static_cast<double>(in.n), P = in.ranks;
+  const double c = in.raw ? 4.0 : in.codec.bytes_per_element, s = in.raw ? 4.0 : in.server.bytes_per_element;
+  const double ef = in.ef && !in.raw ? 8.0 : 0.0;  // residual read and written
+  if (a == Algorithm::Allgather) {
+    if (in.raw) return P * 4 * n + 4 * n;            // the sum reads P arrays, writes one
+    return (4 + ef + c) * n + P * c * n + 4 * n;       // encode; decode_sum of P payloads into out
+  }
+  if (a == Algorithm::ScatterReduce) {
+    if (in.raw) return (P * 4 + 4) * n / P;          // the owner's sum of its chunk
+    const double chunk = n / P;
+    return (4 + ef + c) * n                          // scatter: every chunk encoded
+           + P * c * chunk + 4 * chunk               // reduce: P payloads into the chunk sum
+           + (4 + ef + s) * chunk                    // the sum encoded again
+           + P * s * chunk + 4 * n;                  // gather: every chunk's payload into the buffer
+  }
+  return 0;
+}
+
+double memory_limit(Algorithm a, const CostInputs& in) {
+  if (a == Algorithm::Hierarchical) return 0;
+  const Group g = world_group(in);
+  const double c = in.raw ? 4.0 : in.codec.bytes_per_element, s = in.raw ? 4.0 : in.server.bytes_per_element;
+  const double n = static_cast<double>(in.n);
+  const double per_member = a == Algorithm::Allgather ? c * n : (c + s) * n / in.ranks;
+  const double link = in.ranks > 1 ? exchange_seconds(in, g, per_member) - in.link.latency_s : 0.0;
+  const double memory = memory_bytes(a, in) / (2 * in.machine.copy_bytes_per_s) * in.compute_share;
+  return std::max(link, memory);
+}
+
+Prediction predict(Algorithm a, const CostInputs& in) {
+  for (const AlgorithmCost& c : kCosts)
+    if (c.algorithm == a) return c.predict(in);
+  GZ_THROW(InvalidArgument, "no cost formula for algorithm '", to_string(a), "'");
+}
+
+}  // namespace gz

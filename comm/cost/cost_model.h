@@ -1,0 +1,142 @@
+// The cost model of the compressed allreduce: a predicted time per algorithm
+// from the codecs' rates on this machine (codec_rates.h), the link and the
+// topology. `auto` (Communicator, with a link given) runs the fastest
+// algorithm the accuracy rules allow; gradzip-bench --predict prints the
+// prediction next to each measured row; gradzip-model sweeps it to 1024
+// ranks. Pure functions: the same inputs give the same choice on every rank.
+//
+// What a call costs (docs/comm.md, "The cost model"). Every algorithm is a
+// pipeline of S segments with two in flight (allreduce_flat.cc): while one
+// segment's bytes move, the next is encoded and the last decoded. Per
+// segment, E + D seconds of codec work on the rank's core (encode, decode
+// and the transport's own copies) and W seconds of wire time (the bytes
+// crossing the busiest link / its rate, plus the latency of an exchange).
+// The call then takes the longer of
+//   compute-bound: S (E + D) + max(0, W - D)   (the last transfer not hidden)
+//   wire-bound:    E + S W + D                 (the first encode, the last decode)
+// Hierarchical runs its three phases one after another (allreduce_hierarchical.cc).
+//
+// The formulas are one function per algorithm, keyed by its name
+// (algorithm_costs()), so that each can move into its algorithm's file.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "comm/engine/collective.h"
+
+namespace gz {
+
+/// Seconds per element of one codec's work on one core (codec_rates.h
+/// measures them). decode_sum of k payloads of m elements takes
+/// m (decode_s + k decode_each_s).
+struct CodecRates {
+  double encode_s = 0;       ///< encode with error feedback, per element
+  double decode_s = 0;       ///< decode_sum's fixed part, per element
+  double decode_each_s = 0;  ///< decode_sum's part per payload, per element
+  double bytes_per_element = 4;  ///< payload bytes per element (headers aside; top-k at its density)
+};
+
+/// The machine: memory copy bandwidth and the fp32 sum (codec none on the
+/// host sends the floats themselves and sums them with kernels::cpu::sum).
+struct MachineRates {
+  double copy_bytes_per_s = 10e9;  ///< memcpy of a large buffer (bytes copied per second)
+  double sum_s = 0;                ///< sum of k float arrays: m (sum_s + k sum_each_s)
+  double sum_each_s = 0;
+};
+
+/// The network as the ranks see it.
+struct LinkModel {
+  double bits_per_s = 0;        ///< each node's link, each direction (0: unknown)
+  double latency_s = 0;         ///< added per exchange (one-way delay, as tc's)
+  double local_bytes_per_s = 0; ///< between ranks of one node (0: copy_bytes_per_s / 2)
+  /// Share of the link rate that carries payload (TCP/IP headers at MTU 9000: 0.99).
+  double efficiency = 0.99;
+  /// Seconds the transport adds per byte a rank sends to another node, beyond
+  /// the link's time (its own CPU work: TCP through the kernel; measured by
+  /// AutoChoice, 0 when the link is the bottleneck).
+  double transport_s_per_byte = 0;
+  /// Seconds per message of an exchange (it posts one send and one receive
+  /// per peer): what grows with the peer count at hundreds of ranks. 0 in
+  /// auto's model (the latency measured on all peers holds it); gradzip-model
+  /// takes it as --message-us.
+  double per_message_s = 0;
+};
+
+/// "1gbit", "10gbit", "2.5gbit,50us", "100mbit,1ms" (gradzip-run --link's
+/// syntax, GRADZIP_LINK): rate units bit, kbit, mbit, gbit, tbit (powers of
+/// 1000), delay units ns, us, ms, s. Throws InvalidArgument with the reason.
+LinkModel parse_link_model(std::string_view text);
+
+/// Everything one prediction needs.
+struct CostInputs {
+  std::size_t n = 0;       ///< elements of the buffer
+  int ranks = 1;
+  int per_node = 1;        ///< ranks per node (1: every rank a node); nodes = ranks / per_node
+  CodecRates codec;        ///< the user's codec
+  CodecRates server;       ///< scatter_reduce's chunk sums' codec (server_codec_config)
+  bool raw = false;        ///< codec none on the host: floats, no payloads
+  MachineRates machine;
+  LinkModel link;
+  /// Ranks per core on the busiest machine (>= 1: several ranks of the
+  /// emulated cluster share its cores, and their codec work slows alike).
+  double compute_share = 1;
+  /// Payload bytes per pipeline segment (0: the library's default, 1 MiB).
+  std::size_t segment_bytes = 0;
+  bool ef = true;           ///< the codec keeps a residual (error feedback)
+  /// Hierarchical's algorithm across nodes (resolve_algorithm's rule for nodes ranks).
+  Algorithm inner = Algorithm::Allgather;
+};
+
+/// One prediction, and its parts (for reports).
+struct Prediction {
+  double total_s = 0;
+  double compute_s = 0;  ///< codec and copy work of one rank, all segments
+  double wire_s = 0;     ///< bytes over the busiest link / its rate (with latencies)
+  std::size_t segments = 0;
+};
+
+/// One algorithm's formula.
+struct AlgorithmCost {
+  std::string_view name;  ///< to_string(algorithm)
+  Algorithm algorithm;
+  Prediction (*predict)(const CostInputs& in);
+};
+
+/// allgather, scatter_reduce, hierarchical.
+std::span<const AlgorithmCost> algorithm_costs();
+
+/// The prediction of `a` (Auto: throws InvalidArgument; hierarchical needs
+/// per_node >= 2 dividing ranks).
+Prediction predict(Algorithm a, const CostInputs& in);
+
+/// Bytes of memory one rank's codec work must touch in a call of `a`
+/// (flat algorithms; 0 for hierarchical): encode reads the gradient (and
+/// reads and writes the residual) and writes the payload; decode reads the
+/// payloads and writes the output. With the machine's copy bandwidth this is
+/// the memory-traffic bound of the call (memory_limit).
+double memory_bytes(Algorithm a, const CostInputs& in);
+
+/// The least time a call of `a` can take on this machine: max(the link
+/// time of its bytes, memory_bytes / the copy bandwidth (2 x memcpy's
+/// rate: a copy reads and writes each byte)), times compute_share for the
+/// memory part. 0 for hierarchical.
+double memory_limit(Algorithm a, const CostInputs& in);
+
+/// Wire time of one exchange in which this rank sends `bytes` to each of
+/// the other `members - 1` ranks (and receives as many), `local_peers` of
+/// them on its node, its node's link shared by `sharers` ranks sending at
+/// once.
+double exchange_seconds(const CostInputs& in, int members, int local_peers, int sharers, double bytes);
+
+/// The pipeline of S segments with per-segment compute `c` (encode e +
+/// decode d) and wire time w (the formula at the top of this file).
+double pipeline_seconds(std::size_t S, double e, double d, double w);
+
+/// Elements per segment of a run of `unit` elements whose payload has
+/// `bytes_per_element` (Run::wire_for's default cut, without the granules).
+std::size_t model_segment_elems(std::size_t unit, double bytes_per_element, std::size_t segment_bytes);
+
+}  // namespace gz
