@@ -35,7 +35,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/gradzipConfigVersion.cmak
 install(FILES ${PROJECT_BINARY_DIR}/gradzipConfig.cmake ${PROJECT_BINARY_DIR}/gradzipConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gradzip)
 
-# The programs: gradzip-run (the launcher) and gradzip-bench, component
+# The programs: gradzip-run (the launcher), gradzip-bench and gradzip-model, component
 # "programs". Into bin/ of a CMake install; into the wheel's scripts folder
 # when scikit-build-core builds the Python package (pyproject.toml installs
 # this component), which pip puts on PATH next to python (venv/bin), so that
@@ -48,7 +48,7 @@ if(DEFINED SKBUILD_SCRIPTS_DIR)
 else()
   set(_gz_programs_dir ${CMAKE_INSTALL_BINDIR})
 endif()
-foreach(t gradzip-run gradzip-bench)
+foreach(t gradzip-run gradzip-bench gradzip-model)
   if(TARGET ${t})
     set_target_properties(${t} PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
     install(TARGETS ${t} RUNTIME DESTINATION ${_gz_programs_dir} COMPONENT programs)

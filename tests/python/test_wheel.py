@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-PROGRAMS = ("gradzip-run", "gradzip-bench")
+PROGRAMS = ("gradzip-run", "gradzip-bench", "gradzip-model")
 
 
 def _the_wheel() -> Path:
