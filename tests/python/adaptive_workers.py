@@ -73,6 +73,7 @@ def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 
             saved["step"] = save_at
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"identical": identical, "specs": specs, "server": state.server_codec, "repr": repr(state),
+            "algorithm": state._algorithm_now(),
             "stats": state.compression_stats(), "final": flat.numpy().tobytes(), "saved": saved,
             "adaptive": state.state_dict()["adaptive"]}
 

@@ -75,9 +75,11 @@ class CompressionState:
             ``True`` / ``False``: as given. For an adaptive optimizer, onebit
             and top-k run without error feedback (Adam's per-coordinate
             division turns its delayed repayments into noise: on the LM,
-            onebit ended +27% with it and +3% without, BENCHMARKS.md section
-            11.1), and scatter_reduce's onebit chunk sums go as qsgd 4-bit
-            (``auto`` then runs two-phase from 5 ranks: >= 8x fewer bytes than
+            onebit ended +27% with it and +3-8% without: BENCHMARKS.md
+            section 11, "The hook's defaults with AdamW"), and
+            scatter_reduce's onebit chunk sums go as qsgd 4-bit
+            (``auto`` then runs scatter_reduce from 5 ranks, where
+            allgather's bytes would grow past it: >= 8x fewer bytes than
             fp32 at any rank count). An ``ef=`` in the codec spec (or a
             :class:`gradzip.Codec`) and a ``server_codec`` are kept as given.
 
@@ -375,6 +377,20 @@ class CompressionState:
                 server = Codec(_ADAPTIVE_ONEBIT_SERVER).spec
         self.codec, self.server_codec = codec, server
 
+    def _algorithm_now(self) -> str:
+        """The algorithm the buckets run: as configured, except that for an
+        adaptive optimizer onebit's ``auto`` weighs the qsgd 4-bit chunk sums
+        (the C++ rule weighs the default fp16 ones): allgather sends (P-1) c
+        bytes per element, scatter_reduce (P-1)/P (c + s), so scatter_reduce
+        from P > 1 + s/c (5 ranks with blocks of 512)."""
+        if (self.algorithm != "auto" or not self._adaptive or self._given_server is not None
+                or self.codec.name != "onebit"):
+            return self.algorithm
+        n = 1 << 20
+        c = self.codec.max_payload_bytes(n) / n
+        s = Codec(self.server_codec).max_payload_bytes(n) / n
+        return "scatter_reduce" if self._world_size > 1.0 + s / c else "auto"
+
     def _decide(self, bucket: dist.GradBucket) -> None:
         """adaptive="auto": watches the optimizer steps over the bucket's
         parameters; at the first hook call after a step, decides, and the
@@ -408,7 +424,7 @@ class CompressionState:
 
 
 # The codecs whose defaults depend on the optimizer, and onebit's server codec
-# for an adaptive one (BENCHMARKS.md section 11.1).
+# for an adaptive one (BENCHMARKS.md section 11, "The hook's defaults with AdamW").
 _ADAPTIVE_CODECS = ("onebit", "topk")
 _ADAPTIVE_ONEBIT_SERVER = "qsgd:bits=4"
 _ADAPTIVE_OPTIMIZERS = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adagrad", "Adadelta", "RMSprop", "SparseAdam",
