@@ -499,7 +499,11 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
        :class:`CompressionState`), then check that every rank's hook has the
        same settings (codec, warm-up, step, transport, bucket layout; see
        ``_agreement.py``). A mismatch raises :class:`gradzip.InvalidArgument`
-       on every rank instead of a hang.
+       on every rank instead of a hang. With ``adaptive="auto"`` (onebit,
+       top-k): the first calls note the bucket's parameters for the
+       optimizer step pre-hook; the first call after an optimizer step
+       decides whether the optimizer is adaptive, sets the codec, server
+       codec and error feedback to match, and the ranks agree again.
     1. Before ``state.warmup_steps`` (and for the ``none`` codec over the
        torch transport): divide by the world size and allreduce the bucket
        with torch, in its dtype, exactly as DDP does.
