@@ -19,7 +19,8 @@ Methods (compared with fp32):
     torch-bf16               torch's bf16_compress_hook
     <gradzip spec>           gradzip's DDP hook with its defaults, e.g. onebit, topk:density=0.01
     <spec>@hook:k=v,...      the hook with options: warmup=N (fixed warm-up steps),
-                             algorithm=..., server=<spec>, exact=N|off (layer filter)
+                             algorithm=..., server=<spec>, exact=N|off (layer filter),
+                             adaptive=auto|on|off (the hook's defaults for Adam; auto: seen)
     <spec>@cm[:k=v,...]      compressed momentum (gradzip.torch.CompressedAdamW: the 1-bit
                              Adam / 0/1 Adam family): options warmup=N (max full-precision
                              steps), min=N, tol=X (the variance criterion), server=<spec>,
@@ -311,8 +312,11 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
             kw["server_codec"] = value
         elif key == "exact":
             kw["exact_below"] = None if value == "off" else int(value)
+        elif key == "adaptive":
+            kw["adaptive"] = {"on": True, "off": False, "auto": "auto"}[value]
         else:
-            raise ValueError(f"method {method!r}: unknown hook option {key!r} (warmup, algorithm, server, exact)")
+            raise ValueError(f"method {method!r}: unknown hook option {key!r} (warmup, algorithm, server, exact, "
+                             "adaptive)")
     state = CompressionState(codec=spec, **kw)
     ddp.register_comm_hook(state, compression_hook)
     return Method(ddp, opt, lambda steps: state.compression_stats()["wire_bytes_per_step"] * steps,

@@ -5,7 +5,8 @@ Ranks whose hooks differ would not fail cleanly on their own: a rank still in
 warm-up runs an allreduce while the others run an all_gather (both hang until
 the process group's timeout), and payloads of different codecs or sizes
 abort inside the backend. So the first call compares, across the process
-group's ranks: the codec spec (error feedback included), warm-up steps, step
+group's ranks: the codec spec (error feedback included), whether an
+adaptive optimizer was seen (compared again when it is decided), warm-up steps, step
 (a checkpoint restored on some ranks only), transport, algorithm, the
 gradient dtype, and the layout of the bucket at hand. A mismatch raises :class:`gradzip.InvalidArgument`
 on every rank, naming each differing setting and which ranks hold which
@@ -43,6 +44,7 @@ def _fields(state: Any, bucket: Any) -> List[Tuple[str, str]]:
     shapes = hashlib.sha256(repr([tuple(p.shape) for p in params]).encode()).hexdigest()[:12]
     return [
         ("codec", state.codec.spec),
+        ("adaptive optimizer", "not decided yet" if state._adaptive is None else str(state._adaptive)),
         ("warmup_steps", str(state.warmup_steps)),
         ("step", str(state.step)),
         ("transport", state.transport),

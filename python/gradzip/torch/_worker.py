@@ -59,7 +59,7 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool) -
     if cuda:  # the worker's stream waits for the gradients computed so far
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(buffer.device))
-    comm, codec, algorithm, worker = state._comm, state.codec, state.algorithm, state._worker
+    comm, codec, algorithm, worker = state._comm, state.codec, state._algorithm_now(), state._worker
     server_codec = state.server_codec
     parts: List[Any] = list(plan.parts)
     splits = [state._split(seg) for seg, _ in parts]

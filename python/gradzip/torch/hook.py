@@ -3,6 +3,7 @@
 # No "from __future__ import annotations": DDP's register_comm_hook inspects
 # the hook's annotations and needs the real dist.GradBucket / Future types.
 import logging
+import weakref
 from typing import Any, Dict, List, Optional, Union
 
 import torch
@@ -68,6 +69,20 @@ class CompressionState:
             are averaged exact (fp32), apart from the codec's part, whose block
             scales then never span them. None: no filter (every parameter
             through the codec).
+        adaptive: whether an adaptive optimizer (Adam, AdamW and the like:
+            one that divides each coordinate by a running second moment)
+            applies these gradients. ``"auto"`` (default): seen at the first
+            ``step()`` of a torch optimizer over the model's parameters;
+            ``True`` / ``False``: as given. For an adaptive optimizer, onebit
+            and top-k run without error feedback (Adam's per-coordinate
+            division turns its delayed repayments into noise: on the LM,
+            onebit ended +27% with it and +3-8% without: BENCHMARKS.md
+            section 11, "The hook's defaults with AdamW"), and
+            scatter_reduce's onebit chunk sums go as qsgd 4-bit
+            (``auto`` then runs scatter_reduce from 5 ranks, where
+            allgather's bytes would grow past it: >= 8x fewer bytes than
+            fp32 at any rank count). An ``ef=`` in the codec spec (or a
+            :class:`gradzip.Codec`) and a ``server_codec`` are kept as given.
 
     Raises:
         ValueError: an unknown codec spec, transport or algorithm, a negative
@@ -87,6 +102,10 @@ class CompressionState:
         "algorithm",
         "server_codec",
         "exact_below",
+        "adaptive",
+        "_given_codec",  # the codec as built, before the adaptive defaults
+        "_ef_given",  # the codec's error feedback was chosen by the caller
+        "_given_server",
         # Internal state.
         "_world_size",  # 0 until the first hook call binds the state
         "_saved_world",  # world size of a state_dict loaded before binding
@@ -97,6 +116,8 @@ class CompressionState:
         "_worker",
         "_agreed",
         "_splits",  # layer filters: id(segment) -> (segment, _filters.Split or None)
+        "_adaptive",  # None until decided (adaptive="auto"), then True or False
+        "_seen",  # _Seen: adaptive="auto" watches the optimizer steps until it decides
         # Statistics (totals since construction or the restored checkpoint).
         "_stats",
     )
@@ -111,12 +132,15 @@ class CompressionState:
         communicator: Any = None,
         server_codec: Optional[str] = None,
         exact_below: Optional[int] = None,
+        adaptive: Union[str, bool] = "auto",
     ) -> None:
         if exact_below is not None and (not isinstance(exact_below, int) or isinstance(exact_below, bool)
                                         or exact_below < 0):
             raise ValueError(f"exact_below must be None (no layer filter) or an integer >= 0, got {exact_below!r}")
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if adaptive not in ("auto", True, False):
+            raise ValueError(f"adaptive must be 'auto', True or False, got {adaptive!r}")
         _transports.check(transport, communicator)
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(_ALGORITHMS)}")
@@ -128,6 +152,14 @@ class CompressionState:
         self.algorithm = algorithm
         # Canonical, so that ranks compare equal and a bad spec fails here.
         self.server_codec = None if server_codec is None else Codec(server_codec).spec
+        self._given_codec, self._given_server = self.codec, self.server_codec
+        self._ef_given = not isinstance(codec, str) or "ef=" in codec.replace(" ", "")
+        self.adaptive = adaptive
+        # Only onebit's and top-k's defaults depend on the optimizer (measured).
+        self._adaptive: Optional[bool] = None
+        self._seen: Any = None
+        if adaptive != "auto" or self.codec.name not in _ADAPTIVE_CODECS:
+            self._set_adaptive(adaptive is True)
         self.exact_below = None if self.codec.name == "none" else exact_below  # none: nothing to protect
         self._splits: Dict[int, Any] = {}
         self._world_size = 0
@@ -190,7 +222,9 @@ class CompressionState:
             segments.append({"keys": list(seg.keys), "numels": list(seg.numels), "ef": seg.ef.state_dict()})
         return {
             "version": _STATE_VERSION,
-            "codec": self.codec.spec,
+            "codec": self._given_codec.spec,
+            "adaptive": self._adaptive,  # None: not decided yet
+            "adaptive_seen": self._seen.adaptive if self._seen is not None else None,  # seen, to decide next step
             "transport": self.transport,
             "world_size": self._world_size or self._saved_world,
             "step": self._step,
@@ -213,7 +247,7 @@ class CompressionState:
         """
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"not a gradzip CompressionState state_dict (version {_STATE_VERSION})")
-        for key, mine in (("codec", self.codec.spec), ("transport", self.transport)):
+        for key, mine in (("codec", self._given_codec.spec), ("transport", self.transport)):
             if state.get(key) != mine:
                 raise ValueError(f"the state_dict was saved with {key}={state.get(key)!r}, this state has {mine!r}")
         step = state.get("step")
@@ -235,11 +269,30 @@ class CompressionState:
             ef.load_state_dict(entry.get("ef"))  # InvalidArgument (a ValueError) when malformed
             segments.append(_layout.Segment(keys, numels, ef))
         shapes = [tuple(_listed({"shape": s}, "shape", int)) for s in _listed(state, "shapes", list)]
+        adaptive = state.get("adaptive")
+        if adaptive not in (None, True, False):
+            raise ValueError(f"the state_dict's adaptive must be None, True or False, got {adaptive!r}")
+        if adaptive is not None and self.adaptive != "auto" and self._adaptive != adaptive:
+            raise ValueError(f"the state_dict was saved with adaptive={adaptive!r}, this state has "
+                             f"adaptive={self.adaptive!r}")
         stats = state.get("stats", {})
         if not isinstance(stats, dict) or any(k not in _new_stats() or not isinstance(v, (int, float))
                                               for k, v in stats.items()):
             raise ValueError(f"the state_dict's stats must be a dict of {', '.join(_new_stats())}")
         self._tracker.restore(shapes, segments)
+        if self.adaptive == "auto" and self._given_codec.name in _ADAPTIVE_CODECS:
+            if self._seen is not None:
+                self._seen.close()
+            self._seen = None
+            self._adaptive = None
+            self.codec, self.server_codec = self._given_codec, self._given_server
+            if adaptive is not None:
+                self._set_adaptive(adaptive)
+            elif state.get("adaptive_seen") in (True, False) and step > 0:
+                # Saved after the optimizer's step, before the hook decided: decide at the next call, as the
+                # saved run did.
+                self._seen = _Seen(step - 1)
+                self._seen.adaptive = state["adaptive_seen"]
         if not self._world_size:
             self._saved_world = saved_world
         self._step = int(state["step"])
@@ -253,14 +306,17 @@ class CompressionState:
         if self.process_group is not None:
             raise TypeError("a CompressionState with an explicit process_group cannot be pickled (a process "
                             "group cannot be); use the default group, or build the state in each rank")
-        return {"codec": self.codec.spec, "warmup_steps": self.warmup_steps, "transport": self.transport,
-                "algorithm": self.algorithm, "server_codec": self.server_codec, "exact_below": self.exact_below,
-                "state": self.state_dict()}
+        spec = self._given_codec.spec
+        if self._ef_given and "ef=" not in spec:  # keep "the caller chose the error feedback" through the pickle
+            spec += ("," if ":" in spec else ":") + "ef=on"
+        return {"codec": spec, "warmup_steps": self.warmup_steps, "transport": self.transport,
+                "algorithm": self.algorithm, "server_codec": self._given_server, "exact_below": self.exact_below,
+                "adaptive": self.adaptive, "state": self.state_dict()}
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__init__(codec=d["codec"], warmup_steps=d["warmup_steps"],  # type: ignore[misc]
                       transport=d["transport"], algorithm=d["algorithm"], server_codec=d.get("server_codec"),
-                      exact_below=d.get("exact_below"))
+                      exact_below=d.get("exact_below"), adaptive=d.get("adaptive", "auto"))
         self.load_state_dict(d["state"])
 
     # -- internals ------------------------------------------------------------
@@ -311,6 +367,51 @@ class CompressionState:
             cached = self._splits[id(seg)] = (seg, _filters.split_of(seg, self._tracker.shapes(), self.exact_below))
         return cached[1]
 
+    def _set_adaptive(self, adaptive: bool) -> None:
+        """The codec and server codec for an adaptive optimizer or not (the docstring's ``adaptive``)."""
+        self._adaptive = adaptive
+        codec, server = self._given_codec, self._given_server
+        if adaptive and codec.name in _ADAPTIVE_CODECS:
+            if codec.error_feedback and not self._ef_given:
+                codec = Codec(codec.spec + ("," if ":" in codec.spec else ":") + "ef=off")
+            if server is None and codec.name == "onebit":
+                server = Codec(_ADAPTIVE_ONEBIT_SERVER).spec
+        self.codec, self.server_codec = codec, server
+
+    def _algorithm_now(self) -> str:
+        """The algorithm the buckets run: as configured, except that for an
+        adaptive optimizer onebit's ``auto`` weighs the qsgd 4-bit chunk sums
+        (the C++ rule weighs the default fp16 ones): allgather sends (P-1) c
+        bytes per element, scatter_reduce (P-1)/P (c + s), so scatter_reduce
+        from P > 1 + s/c (5 ranks with blocks of 512)."""
+        if (self.algorithm != "auto" or not self._adaptive or self._given_server is not None
+                or self.codec.name != "onebit"):
+            return self.algorithm
+        n = 1 << 20
+        c = self.codec.max_payload_bytes(n) / n
+        s = Codec(self.server_codec).max_payload_bytes(n) / n
+        return "scatter_reduce" if self._world_size > 1.0 + s / c else "auto"
+
+    def _decide(self, bucket: dist.GradBucket) -> None:
+        """adaptive="auto": watches the optimizer steps over the bucket's
+        parameters; at the first hook call after a step, decides, and the
+        ranks agree on the decision (a rank deciding otherwise raises)."""
+        if self._seen is None:
+            self._seen = _Seen(self._step)
+        if self._step <= self._seen.since:
+            self._seen.watch(bucket.parameters())
+            return
+        self._seen.close()
+        adaptive, self._seen = bool(self._seen.adaptive), None
+        self._set_adaptive(adaptive)
+        self._agreed = False
+        if self.codec is not self._given_codec or self.server_codec != self._given_server:
+            # Step 1's residuals belong to the other codec (or, from 5 ranks, to allgather): dropped.
+            for seg in self._tracker.segments():
+                seg.ef.reset()
+        logger.info("gradzip DDP hook: %s optimizer; codec=%s server_codec=%s",
+                    "an adaptive" if adaptive else "no adaptive", self.codec.spec, self.server_codec)
+
     def _count(self, dense: int, payload: int, wire: float) -> None:
         s = self._stats
         s["dense_bytes"] += dense
@@ -319,7 +420,54 @@ class CompressionState:
 
     def __repr__(self) -> str:
         return (f"CompressionState(codec='{self.codec.spec}', transport='{self.transport}', "
-                f"warmup_steps={self.warmup_steps}, step={self._step})")
+                f"warmup_steps={self.warmup_steps}, "
+                f"adaptive={'auto' if self._adaptive is None else self._adaptive}, step={self._step})")
+
+
+# The codecs whose defaults depend on the optimizer, and onebit's server codec
+# for an adaptive one (BENCHMARKS.md section 11, "The hook's defaults with AdamW").
+_ADAPTIVE_CODECS = ("onebit", "topk")
+_ADAPTIVE_ONEBIT_SERVER = "qsgd:bits=4"
+_ADAPTIVE_OPTIMIZERS = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adagrad", "Adadelta", "RMSprop", "SparseAdam",
+                        "Adafactor")
+
+
+def is_adaptive(optimizer: Any) -> bool:
+    """Whether `optimizer` divides by a running second moment: torch's Adam
+    family, Adagrad, Adadelta, RMSprop, Adafactor, or any optimizer with
+    ``betas`` in its defaults."""
+    names = {c.__name__ for c in type(optimizer).__mro__ if c.__module__.startswith("torch.optim")}
+    return bool(names & set(_ADAPTIVE_OPTIMIZERS)) or "betas" in getattr(optimizer, "defaults", {})
+
+
+class _Seen:
+    """adaptive="auto": torch's global optimizer step pre-hook, while the state
+    decides. Holds the watched parameters' ids and no reference to the state."""
+
+    def __init__(self, step: int) -> None:
+        self.since = step
+        self.params: set = set()
+        self.adaptive: Optional[bool] = None
+        me = weakref.ref(self)
+
+        def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            seen = me()
+            if seen is not None and any(id(p) in seen.params for g in optimizer.param_groups for p in g["params"]):
+                seen.adaptive = bool(seen.adaptive) or is_adaptive(optimizer)
+
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._handle = register_optimizer_step_pre_hook(pre_hook)
+
+    def watch(self, params: List[torch.Tensor]) -> None:
+        self.params.update(id(p) for p in params)
+
+    def close(self) -> None:
+        self._handle.remove()
+
+    def __del__(self) -> None:
+        if hasattr(self, "_handle"):
+            self._handle.remove()
 
 
 def _new_stats() -> Dict[str, Any]:
@@ -352,7 +500,11 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
        :class:`CompressionState`), then check that every rank's hook has the
        same settings (codec, warm-up, step, transport, bucket layout; see
        ``_agreement.py``). A mismatch raises :class:`gradzip.InvalidArgument`
-       on every rank instead of a hang.
+       on every rank instead of a hang. With ``adaptive="auto"`` (onebit,
+       top-k): the first calls note the bucket's parameters for the
+       optimizer step pre-hook; the first call after an optimizer step
+       decides whether the optimizer is adaptive, sets the codec, server
+       codec and error feedback to match, and the ranks agree again.
     1. Before ``state.warmup_steps`` (and for the ``none`` codec over the
        torch transport): divide by the world size and allreduce the bucket
        with torch, in its dtype, exactly as DDP does.
@@ -382,6 +534,8 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
             f"gradzip compresses float32, float16 and bfloat16 gradients; this bucket is {buffer.dtype}")
     if not state._world_size:  # the first call: the process group exists now
         state._bind()
+    if state._adaptive is None:  # adaptive="auto", not decided yet
+        state._decide(bucket)
     if not state._agreed:  # first call: every rank checks the others' settings before taking a branch
         _agreement.check(state, bucket)
         state._agreed = True
