@@ -26,7 +26,9 @@ Methods (compared with fp32):
                              wcodec=<spec> (the warm-up's gradient codec; none: fp32),
                              refresh=R (variance refreshes R, 3R, 7R, ... steps after)
     <spec>@bmuf:h=H[,...]    no DDP: block momentum (gradzip.torch.BlockMomentum) around
-                             AdamW, options as in the digits experiment (mu, lr, nesterov, ...)
+                             AdamW, options as in the digits experiment (mu, lr, sync,
+                             nesterov, ...) and eval=ahead: evaluate the look-ahead
+                             W + mu * Delta (DiLoCo's outer parameters) instead of W
 
     python -m gradzip.experiments.lm --ranks 4 --methods fp32,onebit,onebit@cm --plot lm.png
 
@@ -252,7 +254,10 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         from ._digits_bmuf import parse
         from gradzip.torch import BlockMomentum
 
-        spec, kwargs = parse(method)
+        head, _, opts = method.partition("@bmuf:")
+        items = opts.split(",")
+        lookahead = "eval=ahead" in items
+        spec, kwargs = parse(f"{head}@bmuf:" + ",".join(i for i in items if i != "eval=ahead"))
         kwargs.setdefault("transport", "torch")
         opt = BlockMomentum(net, _adamw(net.parameters(), settings), codec=spec, **kwargs)
 
@@ -261,8 +266,9 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
             opt.close()
 
         return Method(net, opt, lambda steps: opt.compression_stats()["wire_bytes_per_step"] * steps,
-                      shared_model=opt.global_model, finish=finish,
-                      extra={"block_momentum": opt.block_momentum, "block_lr": opt.block_lr})
+                      shared_model=lambda: opt.global_model(lookahead=lookahead), finish=finish,
+                      extra={"block_momentum": opt.block_momentum, "block_lr": opt.block_lr,
+                             "sync_steps": opt.sync_steps, "lookahead": lookahead})
     if "@cm" in method:
         from gradzip.torch import CompressedAdamW
 
