@@ -52,7 +52,8 @@ def table(records: Sequence[dict[str, Any]]) -> str:
                  if s in pairs]
             vs = f"{sum(d) / len(d):+.2f}%" if d else ""
         loss = r.get("val_loss")
-        lines.append(f"| {r['ranks']} | `{r['codec']}` | {loss:.4f} | {vs} | {(r.get('wire_bytes_run') or 0) / 1e6:.1f} | "
+        mb = (r.get("wire_bytes_run") or 0) / 1e6
+        lines.append(f"| {r['ranks']} | `{r['codec']}` | {loss:.4f} | {vs} | {mb:.1f} | "
                      f"{(r.get('ratio') or math.nan):.1f}x | {(r.get('seconds') or 0):.0f} | {r.get('ok')} |"
                      if loss is not None else f"| {r['ranks']} | `{r['codec']}` | - | | | | | |")
     return "\n".join(lines) + "\n"

@@ -286,10 +286,10 @@ class BlockMomentum:
                 self._exchange.broadcast_(flat)
                 self._scatter(buffers, flat)
         logger.info(
-            "gradzip BlockMomentum: block_steps=%d sync_steps=%d codec=%s block_momentum=%g block_lr=%g nesterov=%s "
-            "overlap=%s transport=%s (%s) algorithm=%s world_size=%d elements=%d update_buffers=%d "
-            "module_buffers=%d", block_steps, sync_steps, self.codec.spec, self.block_momentum, self.block_lr, nesterov, overlap,
-            transport, comm.transport, algorithm, self.world_size, self._n, buckets, len(buffers))
+            "gradzip BlockMomentum: block_steps=%d sync_steps=%d codec=%s block_momentum=%g block_lr=%g "
+            "nesterov=%s overlap=%s transport=%s (%s) algorithm=%s world_size=%d elements=%d update_buffers=%d "
+            "module_buffers=%d", block_steps, sync_steps, self.codec.spec, self.block_momentum, self.block_lr,
+            nesterov, overlap, transport, comm.transport, algorithm, self.world_size, self._n, buckets, len(buffers))
 
     # -- training -------------------------------------------------------------
 
@@ -652,7 +652,8 @@ def _model_tensor(key: str, t: Any, n: int) -> torch.Tensor:
 
 
 def _digest(checked: Dict[str, Any]) -> str:
-    """SHA-256 of what every rank holds alike: W, Delta, the update in flight, the step in the block."""
+    """SHA-256 of what every rank holds alike: W, Delta, the update in flight, the step in the block and
+    the steps so far."""
     h = hashlib.sha256(f"{checked['local_steps']} {checked['steps']}".encode())
     for key in ("global", "delta", "pending"):
         t = checked[key]
