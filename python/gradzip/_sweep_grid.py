@@ -198,14 +198,30 @@ class Grid:
         return pts
 
 
+def split_lm_methods(text: str) -> list[str]:
+    """The LM experiment's methods, commas inside a method kept with it: a
+    part whose name (before any '@', '/', ':') holds '=' (mu=0, ef=off,
+    block=512) continues the previous method. The experiment's own
+    split_methods does the same against the codec names; this one needs no
+    compiled extension (the sweep's grid is checked without it)."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name = part.split("@")[0].split("/")[0].split(":")[0]
+        if out and "=" in name:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
 def make_grid(codecs: str | Sequence[str], algorithms: Iterable[str], sizes: Iterable[int | str],
               ranks: Iterable[int], links: Iterable[str], gloo: bool = True, train: str | None = None,
               train_ranks: int | Iterable[int] = 4) -> Grid:
     """Validates and expands the settings into a Grid; raises GridError."""
     if train == "lm":  # methods, as the experiment's --methods takes them (onebit@bmuf:h=8,mu=0, ...)
-        from .experiments.lm import split_methods
-
-        specs = split_methods(codecs) if isinstance(codecs, str) else [str(c) for c in codecs]
+        specs = split_lm_methods(codecs) if isinstance(codecs, str) else [str(c) for c in codecs]
     else:
         specs = expand_spec_grid(codecs)
     if not specs:

@@ -350,3 +350,10 @@ def test_train_lm_is_a_grid_of_methods_by_ranks_with_the_experiments_json_and_pl
 def test_train_ranks_and_experiment_are_checked() -> None:
     assert sweep.main(["--train", "lm", "--train-ranks", "1", "--dry-run"]) == 2
     assert sweep.main(["--train", "lm", "--train-ranks", "four", "--dry-run"]) == 2
+
+
+def test_lm_methods_keep_their_commas_without_the_extension() -> None:
+    assert grid.split_lm_methods("onebit,onebit@bmuf:h=8,mu=0,algorithm=scatter_reduce,server=onebit,"
+                                 "topk:density=0.01,ef=off,onebit@cm:warmup=30,refresh=20,fp32") == [
+        "onebit", "onebit@bmuf:h=8,mu=0,algorithm=scatter_reduce,server=onebit", "topk:density=0.01,ef=off",
+        "onebit@cm:warmup=30,refresh=20", "fp32"]
