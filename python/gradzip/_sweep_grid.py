@@ -197,8 +197,8 @@ class Grid:
     ranks: list[int]
     links: list[str]
     gloo: bool = True
-    train: str | None = None       # "digits"
-    train_ranks: int = 4
+    train: str | None = None       # "digits" or "lm"
+    train_ranks: int | list[int] = 4  # one rank count, or several (a grid of methods x ranks)
 
     def points(self) -> list[Point]:
         """All points: per (ranks, link, size) the gloo baseline first, then
@@ -206,7 +206,8 @@ class Grid:
         (one per codec setting, plus the fp32 reference)."""
         if self.train:
             methods = dict.fromkeys(["fp32"] + self.codecs)
-            return [Point(self.train_ranks, LOCAL, 0, "train", self.train, m) for m in methods]
+            ranks = self.train_ranks if isinstance(self.train_ranks, list) else [self.train_ranks]
+            return [Point(p, LOCAL, 0, "train", self.train, m) for p in ranks for m in methods]
         pts: list[Point] = []
         for p in self.ranks:
             for link in self.links:
@@ -218,11 +219,32 @@ class Grid:
         return pts
 
 
+def split_lm_methods(text: str) -> list[str]:
+    """The LM experiment's methods, commas inside a method kept with it: a
+    part whose name (before any '@', '/', ':') holds '=' (mu=0, ef=off,
+    block=512) continues the previous method. The experiment's own
+    split_methods does the same against the codec names; this one needs no
+    compiled extension (the sweep's grid is checked without it)."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name = part.split("@")[0].split("/")[0].split(":")[0]
+        if out and "=" in name:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
 def make_grid(codecs: str | Sequence[str], algorithms: Iterable[str], sizes: Iterable[int | str],
               ranks: Iterable[int], links: Iterable[str], gloo: bool = True, train: str | None = None,
-              train_ranks: int = 4) -> Grid:
+              train_ranks: int | Iterable[int] = 4) -> Grid:
     """Validates and expands the settings into a Grid; raises GridError."""
-    specs = expand_spec_grid(codecs)
+    if train == "lm":  # methods, as the experiment's --methods takes them (onebit@bmuf:h=8,mu=0, ...)
+        specs = split_lm_methods(codecs) if isinstance(codecs, str) else [str(c) for c in codecs]
+    else:
+        specs = expand_spec_grid(codecs)
     if not specs:
         raise GridError("no codecs to sweep")
     algs = [a.strip().replace("-", "_") for a in algorithms]
@@ -235,9 +257,17 @@ def make_grid(codecs: str | Sequence[str], algorithms: Iterable[str], sizes: Ite
         if r < 1 or r > 253:
             raise GridError(f"ranks {r}: must be in 1..253")
     ls = [parse_link(x) for x in links]
-    if train not in (None, "digits"):
-        raise GridError(f"--train '{train}': the one experiment is 'digits'")
+    if train not in (None, "digits", "lm"):
+        raise GridError(f"--train '{train}': the experiments are 'digits' and 'lm'")
+    if isinstance(train_ranks, str):
+        train_ranks = [r for r in train_ranks.split(",") if r.strip()]
+    try:
+        trs = [int(r) for r in ([train_ranks] if isinstance(train_ranks, int) else train_ranks)]
+    except ValueError:
+        raise GridError(f"--train-ranks {train_ranks}: rank counts, e.g. 4 or 2,4,8") from None
+    if not trs or any(r < 2 or r > 64 for r in trs):
+        raise GridError(f"--train-ranks {train_ranks}: rank counts in 2..64")
     if not (algs and ns and ps and ls):
         raise GridError("algorithms, sizes, ranks and links each need at least one value")
     return Grid(specs, list(dict.fromkeys(algs)), list(dict.fromkeys(ns)), list(dict.fromkeys(ps)),
-                list(dict.fromkeys(ls)), gloo, train, train_ranks)
+                list(dict.fromkeys(ls)), gloo, train, trs[0] if len(trs) == 1 else list(dict.fromkeys(trs)))

@@ -1,5 +1,5 @@
 """Runs the sweep's points as subprocesses: gradzip-run + gradzip-bench (or the
-gloo baseline, or the digits training) and records each point as it finishes.
+gloo baseline, or the digits or lm training) and records each point as it finishes.
 
 Points that share ranks, link, algorithm and size run in one gradzip-bench
 (it measures the fp32 baseline once per size and then every codec); the
@@ -52,7 +52,7 @@ class Tools:
     train_cmd: list[str] = field(default_factory=lambda: [sys.executable, "-m", "gradzip.experiments.digits"])
 
 
-def find_tools(bin_dir: str | None, train_cmd: str | None = None) -> Tools:
+def find_tools(bin_dir: str | None, train_cmd: str | None = None, train: str | None = None) -> Tools:
     """gradzip-run and gradzip-bench as _sweep_registry.find_program finds them
     (--bin-dir or $GRADZIP_BIN_DIR alone, else those that came with this
     gradzip, else PATH); a SweepError names each one missing and where it looked."""
@@ -78,6 +78,8 @@ def find_tools(bin_dir: str | None, train_cmd: str | None = None) -> Tools:
     tools = Tools(found["gradzip-run"], found["gradzip-bench"])
     if train_cmd:
         tools.train_cmd = shlex.split(train_cmd)
+    elif train == "lm":
+        tools.train_cmd = [sys.executable, "-m", "gradzip.experiments.lm"]
     return tools
 
 
@@ -92,6 +94,7 @@ class Timing:
     timeout_scale: float = 1.0   # multiplies every subprocess deadline
     train_epochs: int | None = None
     train_seeds: str = "0"
+    train_steps: int | None = None  # lm
 
 
 def _wire_fraction(codec: str, ranks: int, algorithm: str, elements: int) -> float:
@@ -119,6 +122,8 @@ def predicted_seconds(point: Point, timing: Timing) -> float:
     ranks sharing the machine's cores (calibrated on the 2-core VM: the fp32
     allreduce of 100M floats on 4 ranks spends about 0.5 s in copies and sums,
     a codec about twice that), times the calls, plus start-up."""
+    if point.mode == "train" and point.algorithm == "lm":  # 4 ranks, 400 steps: 1-2 minutes on 2 loaded cores
+        return 150.0 * (timing.train_steps or 400) / 400 * max(point.ranks, 4) / 4
     if point.mode == "train":
         return 120.0 * (timing.train_epochs or 40) / 40
     calls = timing.iters + timing.warmup + 1
@@ -183,8 +188,10 @@ def plan_groups(points: Sequence[Point], tools: Tools, timing: Timing, tmp: str)
             # commas are kept together by the experiment's own --methods parsing.
             g.cmd = tools.train_cmd + ["--ranks", str(p0.ranks), "--methods", p0.codec,
                                        "--seeds", timing.train_seeds, "--json", g.rows_file]
-            if timing.train_epochs:
+            if timing.train_epochs and p0.algorithm != "lm":
                 g.cmd += ["--epochs", str(timing.train_epochs)]
+            if timing.train_steps and p0.algorithm == "lm":
+                g.cmd += ["--steps", str(timing.train_steps)]
         g.deadline_s = timing.timeout_scale * (120.0 + 5.0 * sum(predicted_seconds(p, timing) for p in g.points))
         out.append(g)
     return out
@@ -298,6 +305,10 @@ def _take_training(group: Group, on_row: Callable[[Point, dict[str, Any]], None]
             data = json.load(f)
     except (OSError, ValueError) as e:
         return f"no readable result: {e}"
+    if group.points[0].algorithm == "lm":
+        from ._sweep_lm import take
+
+        return take(group.points, data, on_row)
     summary = {r.get("method"): r for r in data.get("summary", [])}
     for p in group.points:
         r = summary.get(p.codec)

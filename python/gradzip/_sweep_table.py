@@ -148,7 +148,7 @@ def scaling(records: Sequence[dict[str, Any]], compute_ms: Sequence[float], over
 
 def training(records: Sequence[dict[str, Any]]) -> str:
     """The --train digits points: accuracy and bytes per step."""
-    rs = [r for r in records if r.get("mode") == "train"]
+    rs = [r for r in records if r.get("mode") == "train" and r.get("experiment") != "lm"]  # lm: _sweep_lm
     if not rs:
         return ""
     lines = ["| method | ranks | test accuracy | wire bytes/step/rank | ratio vs fp32 |", "|---|---|---|---|---|"]

@@ -47,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "train": None,
     "train_ranks": 4,
     "train_epochs": None,
+    "train_steps": None,
     "train_seeds": "0",
     "train_cmd": None,
     "compute_ms": [100.0, 300.0],
@@ -99,10 +100,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--mtu", type=int, help="link MTU for gradzip-run (default: its own, 9000)")
     ap.add_argument("--burst", type=int, help="tbf bucket bytes for gradzip-run (default: its own)")
     ap.add_argument("--timeout-scale", type=float, help="multiply every subprocess deadline")
-    ap.add_argument("--train", choices=["digits"], help="also train with every codec setting (accuracy vs bytes)")
-    ap.add_argument("--train-epochs", type=int, help="epochs of the training runs (default: the experiment's)")
+    ap.add_argument("--train", choices=["digits", "lm"],
+                    help="train with every codec setting or method instead (digits: accuracy vs bytes; lm: the "
+                         "transformer's validation loss vs bytes, methods as gradzip.experiments.lm's --methods)")
+    ap.add_argument("--train-ranks", help="rank counts of the training runs, e.g. 4 or 2,4,8 (default 4)")
+    ap.add_argument("--train-epochs", type=int, help="epochs of the digits runs (default: the experiment's)")
+    ap.add_argument("--train-steps", type=int, help="steps of the lm runs (default: the experiment's)")
     ap.add_argument("--train-seeds", help="seeds of the training runs, e.g. 0,1,2 (default 0)")
-    ap.add_argument("--train-cmd", help="the training command (default: python -m gradzip.experiments.digits)")
+    ap.add_argument("--train-cmd", help="the training command (default: python -m gradzip.experiments.<--train>)")
     ap.add_argument("--compute-ms", help="compute times per step for the scaling-efficiency model (default 100,300)")
     ap.add_argument("--overlap", type=float, help="fraction of compute the allreduce can hide behind (default 0)")
     ap.add_argument("--out", help="results folder (default sweep-out)")
@@ -140,13 +145,19 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_grid(s: dict[str, Any]) -> Grid:
     return make_grid(s["codecs"], s["algorithms"], s["sizes"], s["ranks"], s["links"], bool(s["gloo"]),
-                     s["train"], int(s["train_ranks"]))
+                     s["train"], s["train_ranks"])
 
 
 def write_report(results: Results, grid: Grid, s: dict[str, Any], out: Path) -> list[Path]:
-    (out / "report.md").write_text(
-        report(results.records, s["compute_ms"], float(s["overlap"]), grid.codecs, s["title"]), encoding="utf-8")
-    return [out / "report.md"] + plot_all(results.records, out)
+    from . import _sweep_lm
+
+    text = report(results.records, s["compute_ms"], float(s["overlap"]), grid.codecs, s["title"])
+    lm = _sweep_lm.table(results.records)
+    if lm:
+        text += "\n## Training (lm)\n\nThe transformer (gradzip.experiments.lm); per rank count the experiment's " \
+                "JSON and plot: lm_<P>ranks.json, lm_<P>ranks.png.\n\n" + lm
+    (out / "report.md").write_text(text, encoding="utf-8")
+    return [out / "report.md"] + plot_all(results.records, out) + _sweep_lm.write(results.records, out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     points = grid.points()
     timing = Timing(iters=int(s["iters"]), warmup=int(s["warmup"]), mtu=s["mtu"], burst=s["burst"],
                     timeout_scale=float(s["timeout_scale"]), train_epochs=s["train_epochs"],
-                    train_seeds=str(s["train_seeds"]))
+                    train_seeds=str(s["train_seeds"]), train_steps=s["train_steps"])
     meta = {"grid": asdict(grid), "timing": asdict(timing)}
     meta_path = out / "sweep.json"
     if meta_path.exists() and not args.fresh and not args.report_only:
@@ -182,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         meta_path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         try:
-            tools = find_tools(args.bin_dir, s["train_cmd"])
+            tools = find_tools(args.bin_dir, s["train_cmd"], s["train"])
             failures = run_points(points, results, tools, timing, out / "sweep.log")
         except SweepError as e:
             print(f"gradzip-sweep: {e}", file=sys.stderr)

@@ -325,3 +325,56 @@ def test_train_digits_runs_the_experiment_per_codec_setting(fake_bin: Path, tmp_
     assert recs["fp32"]["epochs"] == 2
     assert (out / "accuracy_vs_ratio.png").exists()
     assert "## Training (digits)" in (out / "report.md").read_text()
+
+
+FAKE_LM = """\
+#!{python}
+# The lm experiment's stand-in: its command line and its JSON (settings, per-run results, summary).
+import json, sys
+a = sys.argv[1:]
+opt = lambda k: a[a.index(k) + 1]
+m, p, steps = opt("--methods"), int(opt("--ranks")), int(opt("--steps")) if "--steps" in a else 400
+loss = {{"fp32": 2.5, "onebit@cm": 2.55}}.get(m, 3.0) - 0.1 * p
+wire = 1e6 if m == "fp32" else 1e5
+results = [dict(method=m, seed=0, ranks=p, steps=steps, val_loss=loss, train_loss=loss, wire_bytes=wire,
+                fp32_wire_bytes=1e6, seconds=1.0, curve=[[steps // 2, loss + 1], [steps, loss]],
+                extra=dict(identical_on_all_ranks=True))]
+summary = [dict(method=m, ranks=p, val_loss=loss, vs_fp32_percent=float("nan"), wire_bytes=wire,
+                wire_ratio=1e6 / wire, seconds=1.0, identical_on_all_ranks=True, extra={{}})]
+json.dump(dict(settings=dict(steps=steps), results=results, summary=summary), open(opt("--json"), "w"))
+"""
+
+
+def test_train_lm_is_a_grid_of_methods_by_ranks_with_the_experiments_json_and_plot(fake_bin: Path,
+                                                                                    tmp_path: Path) -> None:
+    script = tmp_path / "lm.py"
+    script.write_text(textwrap.dedent(FAKE_LM).format(python=sys.executable))
+    out = tmp_path / "t"
+    assert sweep.main(["--bin-dir", str(fake_bin), "--out", str(out), "--train", "lm", "--codecs", "onebit@cm",
+                       "--train-ranks", "2,4", "--train-cmd", f"{sys.executable} {script}", "--train-steps", "20",
+                       "--links", "local"]) == 0
+    recs = {(r["ranks"], r["codec"]): r for r in json.loads((out / "points.json").read_text())}
+    assert set(recs) == {(2, "fp32"), (2, "onebit@cm"), (4, "fp32"), (4, "onebit@cm")}
+    assert recs[(4, "onebit@cm")]["val_loss"] == pytest.approx(2.15) and recs[(4, "onebit@cm")]["ratio"] == 10.0
+    assert recs[(2, "fp32")]["steps"] == 20
+    for p in (2, 4):
+        data = json.loads((out / f"lm_{p}ranks.json").read_text())
+        assert {r["method"] for r in data["results"]} == {"fp32", "onebit@cm"}
+        row = next(r for r in data["summary"] if r["method"] == "onebit@cm")
+        assert row["vs_fp32_percent"] == pytest.approx(100 * (2.55 - 0.1 * p) / (2.5 - 0.1 * p) - 100)
+        assert (out / f"lm_{p}ranks.png").exists()
+    text = (out / "report.md").read_text()
+    assert "## Training (lm)" in text and "## Training (digits)" not in text
+    assert "| 4 | `onebit@cm` | 2.1500 | +2.38% |" in text
+
+
+def test_train_ranks_and_experiment_are_checked() -> None:
+    assert sweep.main(["--train", "lm", "--train-ranks", "1", "--dry-run"]) == 2
+    assert sweep.main(["--train", "lm", "--train-ranks", "four", "--dry-run"]) == 2
+
+
+def test_lm_methods_keep_their_commas_without_the_extension() -> None:
+    assert grid.split_lm_methods("onebit,onebit@bmuf:h=8,mu=0,algorithm=scatter_reduce,server=onebit,"
+                                 "topk:density=0.01,ef=off,onebit@cm:warmup=30,refresh=20,fp32") == [
+        "onebit", "onebit@bmuf:h=8,mu=0,algorithm=scatter_reduce,server=onebit", "topk:density=0.01,ef=off",
+        "onebit@cm:warmup=30,refresh=20", "fp32"]

@@ -132,13 +132,15 @@ def against_reference(rank: int, world: int, steps: List[int], codec: str = "non
                       **kwargs: Any) -> Dict[str, Any]:
     """BlockMomentum and the reference side by side over blocks of the given
     lengths (the last one ended by sync()); per block end, whether the model
-    (the next start) and W match bit for bit."""
+    (the next start), W and global_model(lookahead=True) (the reference's
+    next start) match bit for bit. block_steps: steps[0] unless given."""
     model, ref_model = make_model(seed=rank), make_model(seed=0)  # rank 0's start is everyone's
-    opt = BlockMomentum(model, local_optimizer(model), block_steps=steps[0], codec=codec, **kwargs)
+    kwargs.setdefault("block_steps", steps[0])
+    opt = BlockMomentum(model, local_optimizer(model), codec=codec, **kwargs)
     ref_local = local_optimizer(ref_model)
     ref = Reference(flat(ref_model), world, opt.block_momentum, opt.block_lr, opt.nesterov, codec,
                     kwargs.get("bucket_elements", 1 << 26), carry_ef, opt.overlap)
-    out: Dict[str, Any] = {"start": [], "global": []}
+    out: Dict[str, Any] = {"start": [], "global": [], "ahead": []}
     step = 0
     for i, length in enumerate(steps):
         for _ in range(length):
@@ -152,6 +154,8 @@ def against_reference(rank: int, world: int, steps: List[int], codec: str = "non
         set_flat(ref_model, ref.starts[rank])
         out["start"].append(bool(np.array_equal(flat(model), ref.starts[rank])))
         out["global"].append(bool(np.array_equal(global_of(opt), ref.w)))
+        with opt.global_model(lookahead=True):
+            out["ahead"].append(bool(np.array_equal(flat(model), ref.start())))
     out["moved"] = bool(np.abs(ref.w - flat(make_model(seed=0))).max() > 1e-3)
     out["stats"] = opt.compression_stats()
     out["block_momentum"] = opt.block_momentum
@@ -201,12 +205,14 @@ def server_codec(rank: int, world: int, transport: str) -> Dict[str, Any]:
     return out
 
 
-def resume(rank: int, world: int, codec: str, overlap: bool, transport: str) -> Dict[str, Any]:
-    """Train 7 steps (H=3: two blocks and one step into the third), checkpoint,
-    train 8 more; then a fresh model and BlockMomentum restored from the
-    checkpoint train the same 8: the same bits. A third run restores only the
-    model and must differ (the checkpoint is what makes them equal)."""
-    kwargs = dict(block_steps=3, codec=codec, overlap=overlap, bucket_elements=40, transport=transport)
+def resume(rank: int, world: int, codec: str, overlap: bool, transport: str, sync_steps: int = 0) -> Dict[str, Any]:
+    """Train 7 steps (H=3: two blocks and one step into the third; sync_steps=2:
+    blocks of 1, 1, 3, and two steps into the next), checkpoint, train 8 more;
+    then a fresh model and BlockMomentum restored from the checkpoint train
+    the same 8: the same bits. A third run restores only the model and must
+    differ (the checkpoint is what makes them equal)."""
+    kwargs = dict(block_steps=3, codec=codec, overlap=overlap, bucket_elements=40, transport=transport,
+                  sync_steps=sync_steps)
 
     def fresh(seed: int):
         model = make_model(seed)
@@ -439,6 +445,9 @@ def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
     adaptive.close()
     out["ref/overlap"] = against_reference(rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9,
                                            overlap=True, bucket_elements=20, **t)
+    # sync_steps=3: the first three steps each end a block, then blocks of 4.
+    out["ref/sync_steps"] = against_reference(rank, world, [1, 1, 1, 4, 4, 2], block_momentum=0.6, block_lr=0.9,
+                                              block_steps=4, sync_steps=3, bucket_elements=20, **t)
     out["misuse"] = misuse(rank, world, transport)
     if world > 1:
         out["ref/onebit_ef"] = against_reference(rank, world, [2, 2, 2, 2], codec="onebit", algorithm="allgather",
@@ -449,6 +458,7 @@ def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
         out["server_codec"] = server_codec(rank, world, transport)
         for codec, overlap in (("onebit", False), ("onebit", True), ("topk:density=0.1,select=sample", False)):
             out[f"resume/{codec}/overlap={overlap}"] = resume(rank, world, codec, overlap, transport)
+        out["resume/onebit/sync_steps=2"] = resume(rank, world, "onebit", False, transport, sync_steps=2)
         out["diloco"] = diloco(rank, world, transport)
         out["module_buffers"] = module_buffers(rank, world, transport)
         if transport == "gradzip":

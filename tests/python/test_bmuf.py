@@ -45,13 +45,15 @@ def every_rank(suite, key):
     return [r[key] for r in suite]
 
 
-@pytest.mark.parametrize("case", ["nesterov=True", "nesterov=False", "defaults", "overlap"])
+@pytest.mark.parametrize("case", ["nesterov=True", "nesterov=False", "defaults", "overlap", "sync_steps"])
 def test_block_math_equals_the_reference_exactly_with_codec_none(suite, case):
     # Several blocks, a partial last block ended by sync(), mu and zeta set,
     # the model split into buffers of 20 elements; overlap: each block's
-    # average applied one block late, each rank going on from its own update.
+    # average applied one block late, each rank going on from its own update;
+    # sync_steps: blocks of one step first. global_model(lookahead=True) is
+    # the reference's next start (W + mu * Delta; W without nesterov).
     for r in every_rank(suite, f"ref/{case}"):
-        assert all(r["start"]) and all(r["global"]), r
+        assert all(r["start"]) and all(r["global"]) and all(r["ahead"]), r
         assert r["moved"]
 
 
@@ -100,7 +102,7 @@ def test_server_codec_reaches_the_exchange(three_ranks):
 
 
 @pytest.mark.parametrize("case", ["onebit/overlap=False", "onebit/overlap=True",
-                                  "topk:density=0.1,select=sample/overlap=False"])
+                                  "topk:density=0.1,select=sample/overlap=False", "onebit/sync_steps=2"])
 def test_resume_from_checkpoint_is_bit_identical(three_ranks, case):
     for r in every_rank(three_ranks, f"resume/{case}"):
         assert r["same"], r
@@ -180,6 +182,8 @@ def _sgd(params):
     ({"block_steps": 0}, "block_steps must be an integer >= 1"),
     ({"block_steps": 2.5}, "block_steps"),
     ({"block_steps": True}, "block_steps"),
+    ({"sync_steps": -1}, "sync_steps must be an integer >= 0"),
+    ({"sync_steps": 1.5}, "sync_steps"),
     ({"block_momentum": 1.0}, r"block_momentum must be in \[0, 1\)"),
     ({"block_momentum": -0.1}, "block_momentum"),
     ({"block_momentum": float("nan")}, "block_momentum"),

@@ -28,8 +28,8 @@ def test_methods_split_like_codec_specs():
 
 
 def test_a_tiny_run_of_every_family(tmp_path):
-    methods = ["fp32", "torch-bf16", "onebit@hook:exact=64,warmup=2", "onebit@cm:warmup=2,min=1",
-               "qsgd:bits=4@bmuf:h=3,mu=0.5"]
+    bmuf = "qsgd:bits=4@bmuf:h=3,mu=0.5,sync=2,eval=ahead,hlate=4:2,lrto=0.5"
+    methods = ["fp32", "torch-bf16", "onebit@hook:exact=64,warmup=2", "onebit@cm:warmup=2,min=1", bmuf]
     results = lm.run(methods, ranks=2, settings=TINY, timeout=240)
     by = {r["method"]: r for r in results}
     assert set(by) == set(methods)
@@ -41,7 +41,9 @@ def test_a_tiny_run_of_every_family(tmp_path):
     assert by["fp32"]["wire_bytes"] == fp32
     assert by["torch-bf16"]["wire_bytes"] == fp32 / 2
     assert by["onebit@cm:warmup=2,min=1"]["extra"]["warmup_steps"] == 2
-    for m in ("onebit@hook:exact=64,warmup=2", "onebit@cm:warmup=2,min=1", "qsgd:bits=4@bmuf:h=3,mu=0.5"):
+    extra = by[bmuf]["extra"]
+    assert extra["sync_steps"] == 2 and extra["lookahead"] and extra["block_momentum"] == 0.5
+    for m in ("onebit@hook:exact=64,warmup=2", "onebit@cm:warmup=2,min=1", bmuf):
         assert 0 < by[m]["wire_bytes"] < fp32, m
     rows = lm.summarize(results)
     table = lm.markdown(rows, TINY, [0])

@@ -4,7 +4,8 @@ No DDP: each rank trains its own copy of the model with the experiment's
 SGD (lr, momentum) and :class:`gradzip.torch.BlockMomentum` exchanges the
 compressed model update every H steps. Options after ``bmuf:``, comma
 separated: ``h`` (block steps, required), ``mu`` (block momentum, default
-1 - 1/P), ``lr`` (block learning rate, default 1), ``nesterov=on|off``
+1 - 1/P), ``lr`` (block learning rate, default 1), ``sync`` (sync_steps: the
+first N steps each end a block, default 0), ``nesterov=on|off``
 (default on), ``overlap=on|off`` (default off), ``algorithm`` (default auto),
 ``server`` (scatter_reduce's server codec, a spec without commas),
 ``transport=gradzip|torch``: gradzip's own UCX connections (default here:
@@ -43,6 +44,8 @@ def parse(method: str) -> Tuple[str, Dict[str, Any]]:
             kwargs["block_momentum"] = float(value)
         elif key == "lr":
             kwargs["block_lr"] = float(value)
+        elif key == "sync":
+            kwargs["sync_steps"] = int(value)
         elif key in ("nesterov", "overlap") and value in _ON_OFF:
             kwargs[key] = _ON_OFF[value]
         elif key == "algorithm":
@@ -52,7 +55,7 @@ def parse(method: str) -> Tuple[str, Dict[str, Any]]:
         elif key == "transport" and value in _TRANSPORTS:
             kwargs["transport"] = value
         else:
-            raise ValueError(f"method {method!r}: unknown option {item!r} (h, mu, lr, nesterov=on|off, "
+            raise ValueError(f"method {method!r}: unknown option {item!r} (h, mu, lr, sync, nesterov=on|off, "
                              f"overlap=on|off, algorithm, server, transport=gradzip|torch)")
     if "block_steps" not in kwargs:
         raise ValueError(f"method {method!r}: h=H (block steps) is required")

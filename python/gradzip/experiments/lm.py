@@ -27,7 +27,11 @@ Methods (compared with fp32):
                              wcodec=<spec> (the warm-up's gradient codec; none: fp32),
                              refresh=R (variance refreshes R, 3R, 7R, ... steps after)
     <spec>@bmuf:h=H[,...]    no DDP: block momentum (gradzip.torch.BlockMomentum) around
-                             AdamW, options as in the digits experiment (mu, lr, nesterov, ...)
+                             AdamW, options as in the digits experiment (mu, lr, sync,
+                             nesterov, ...) and: eval=ahead (evaluate the look-ahead
+                             W + mu * Delta, DiLoCo's outer parameters, instead of W),
+                             lrto=X (block_lr moves linearly from lr to X over the run),
+                             hlate=S:H (blocks of H steps from step S on)
 
     python -m gradzip.experiments.lm --ranks 4 --methods fp32,onebit,onebit@cm --plot lm.png
 
@@ -216,6 +220,7 @@ class Method:
     wire_bytes: Callable[[int], float]    # (steps) -> this rank's wire bytes over the run
     shared_model: Callable[[], Any] = contextlib.nullcontext
     finish: Callable[[], None] = lambda: None
+    on_step: Callable[[int], None] = lambda step: None  # before each step's optimizer step
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -253,17 +258,32 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         from ._digits_bmuf import parse
         from gradzip.torch import BlockMomentum
 
-        spec, kwargs = parse(method)
+        head, _, opts = method.partition("@bmuf:")
+        items = opts.split(",")
+        lookahead = "eval=ahead" in items
+        ramp = [float(i[5:]) for i in items if i.startswith("lrto=")]
+        late = [tuple(int(v) for v in i[6:].split(":")) for i in items if i.startswith("hlate=")]
+        spec, kwargs = parse(f"{head}@bmuf:" + ",".join(i for i in items if i != "eval=ahead" and not
+                                                         i.startswith(("lrto=", "hlate="))))
         kwargs.setdefault("transport", "torch")
         opt = BlockMomentum(net, _adamw(net.parameters(), settings), codec=spec, **kwargs)
+        lr0 = opt.block_lr
+
+        def on_step(step: int) -> None:  # lrto=X: block_lr from lr at step 0 to X at the last step
+            if ramp:
+                opt.block_lr = lr0 + (ramp[0] - lr0) * step / max(settings.steps - 1, 1)
+            for at, h in late:  # hlate=S:H: blocks of H steps from step S on
+                if step == at:
+                    opt.block_steps = h
 
         def finish() -> None:
             opt.sync()
             opt.close()
 
         return Method(net, opt, lambda steps: opt.compression_stats()["wire_bytes_per_step"] * steps,
-                      shared_model=opt.global_model, finish=finish,
-                      extra={"block_momentum": opt.block_momentum, "block_lr": opt.block_lr})
+                      shared_model=lambda: opt.global_model(lookahead=lookahead), finish=finish, on_step=on_step,
+                      extra={"block_momentum": opt.block_momentum, "block_lr": opt.block_lr,
+                             "sync_steps": opt.sync_steps, "lookahead": lookahead})
     if "@cm" in method:
         from gradzip.torch import CompressedAdamW
 
@@ -350,6 +370,7 @@ def train_one(method: str, seed: int, settings: Settings, corpus: Corpus) -> Res
         m.optimizer.zero_grad()
         loss = F.cross_entropy(m.forward(x).reshape(-1, corpus.vocab), y.reshape(-1))
         loss.backward()
+        m.on_step(step)
         m.optimizer.step()
         sched.step()
         if step >= settings.steps - 50:

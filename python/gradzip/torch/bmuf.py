@@ -83,6 +83,11 @@ class BlockMomentum:
             state (momentum buffers) stays local and is not reset.
         block_steps: H, local steps per block. Default 16. The bytes per step
             fall by H x the codec's ratio.
+        sync_steps: the first ``sync_steps`` steps each end a block of one
+            step (the ranks meet every step, still through the codec), then
+            blocks of ``block_steps``: post-local SGD's synchronous start
+            (Lin et al., ICLR 2020), e.g. over the learning-rate warm-up.
+            Default 0.
         codec: gradzip spec (``"onebit"``, ``"topk:density=0.01"``, ``"none"``,
             ...) or a :class:`gradzip.Codec`. Default ``"onebit"``.
         block_momentum: mu in [0, 1); None for the paper's 1 - 1/P; or
@@ -146,6 +151,7 @@ class BlockMomentum:
     __slots__ = (
         # Tuned hyperparameters.
         "block_steps",
+        "sync_steps",
         "block_momentum",
         "block_lr",
         # Options, fixed at construction.
@@ -170,6 +176,7 @@ class BlockMomentum:
         "_global",
         "_delta",
         "_local_steps",
+        "_steps",  # local steps since the start of training (restored from checkpoints): sync_steps
         # Scratch (sync): the update. Overlap: this rank's block start and the
         # update exchanged in the background (pending: not yet applied).
         "_update",
@@ -190,6 +197,7 @@ class BlockMomentum:
         local_optimizer: torch.optim.Optimizer,
         block_steps: int = 16,
         *,
+        sync_steps: int = 0,
         codec: Union[str, Codec] = "onebit",
         block_momentum: Union[float, str, None] = "auto",
         block_lr: float = 1.0,
@@ -203,6 +211,7 @@ class BlockMomentum:
         bucket_elements: int = 1 << 26,
     ) -> None:
         _check_int("block_steps", block_steps, 1)
+        _check_int("sync_steps", sync_steps, 0)
         _check_int("bucket_elements", bucket_elements, 1)
         for name, flag in (("nesterov", nesterov), ("overlap", overlap)):
             if not isinstance(flag, bool):
@@ -231,6 +240,7 @@ class BlockMomentum:
         self.local_optimizer = local_optimizer
         self.world_size = comm.size
         self.block_steps = block_steps
+        self.sync_steps = sync_steps
         self.block_momentum = float(1.0 - 1.0 / comm.size if block_momentum is None else block_momentum)
         self.block_lr = float(block_lr)
         self.nesterov = nesterov
@@ -259,9 +269,11 @@ class BlockMomentum:
         self._pending = False
         self._background = _block_exchange.Background() if overlap else None
         self._local_steps = 0
+        self._steps = 0
         self._stats = _new_stats()
 
         agreed = dict(self._structure(), transport=transport, block_steps=block_steps,
+                      sync_steps=sync_steps,
                       block_momentum=self.block_momentum, block_lr=self.block_lr,
                       shapes=[list(p.shape) for p in params], buffer_shapes=[list(b.shape) for b in buffers])
         self._exchange.agree("BlockMomentum configuration", agreed, device)
@@ -276,20 +288,22 @@ class BlockMomentum:
                 self._exchange.broadcast_(flat)
                 self._scatter(buffers, flat)
         logger.info(
-            "gradzip BlockMomentum: block_steps=%d codec=%s block_momentum=%g block_lr=%g nesterov=%s "
-            "overlap=%s transport=%s (%s) algorithm=%s world_size=%d elements=%d update_buffers=%d "
-            "module_buffers=%d", block_steps, self.codec.spec, self.block_momentum, self.block_lr, nesterov, overlap,
-            transport, comm.transport, algorithm, self.world_size, self._n, buckets, len(buffers))
+            "gradzip BlockMomentum: block_steps=%d sync_steps=%d codec=%s block_momentum=%g block_lr=%g "
+            "nesterov=%s overlap=%s transport=%s (%s) algorithm=%s world_size=%d elements=%d update_buffers=%d "
+            "module_buffers=%d", block_steps, sync_steps, self.codec.spec, self.block_momentum, self.block_lr,
+            nesterov, overlap, transport, comm.transport, algorithm, self.world_size, self._n, buckets, len(buffers))
 
     # -- training -------------------------------------------------------------
 
     def step(self, closure: Any = None) -> Any:
-        """One step of the local optimizer; every ``block_steps``-th call also
-        ends the block (the exchange and the filter). Returns the closure's loss."""
+        """One step of the local optimizer; every ``block_steps``-th call (each
+        of the first ``sync_steps`` calls) also ends the block (the exchange and
+        the filter). Returns the closure's loss."""
         loss = self.local_optimizer.step() if closure is None else self.local_optimizer.step(closure)
         self._local_steps += 1
+        self._steps += 1
         self._stats["steps"] += 1
-        if self._local_steps >= self.block_steps:
+        if self._local_steps >= (1 if self._steps <= self.sync_steps else self.block_steps):
             self._end_block(drain=False)
         return loss
 
@@ -304,15 +318,25 @@ class BlockMomentum:
         self._end_block(drain=True)
 
     @contextlib.contextmanager
-    def global_model(self) -> Iterator[None]:
+    def global_model(self, lookahead: bool = False) -> Iterator[None]:
         """Puts W (the filtered global model, the same bits on every rank) into
         the parameters for the ``with`` body, e.g. to evaluate or save it;
         restores this rank's parameters afterwards. With ``overlap``, W lacks
-        the update still in flight: call :meth:`sync` first for the latest."""
+        the update still in flight: call :meth:`sync` first for the latest.
+
+        ``lookahead=True`` puts the look-ahead W + mu * Delta instead (with
+        ``nesterov``; W itself without): where the next block starts, and
+        the parameters DiLoCo's outer ``torch.optim.SGD(nesterov=True)``
+        holds and evaluates."""
         with torch.no_grad():
             saved = torch.empty_like(self._global)
             self._gather_params(saved)
-            self._scatter_params(self._global)
+            if lookahead:
+                point = torch.empty_like(self._global)
+                self._start_point(point)
+                self._scatter_params(point)
+            else:
+                self._scatter_params(self._global)
         try:
             yield
         finally:
@@ -369,12 +393,13 @@ class BlockMomentum:
             "version": _STATE_VERSION,
             "config": self._structure(),
             "hyperparameters": {"block_steps": self.block_steps, "block_momentum": self.block_momentum,
-                                "block_lr": self.block_lr},
+                                "block_lr": self.block_lr, "sync_steps": self.sync_steps},
             "global": self._global.clone(),
             "delta": self._delta.clone(),
             "pending": self._in_flight.clone() if self._pending else None,
             "start": self._start.clone() if self.overlap else None,
             "local_steps": self._local_steps,
+            "steps": self._steps,
             "error_feedback": self._exchange.state_dict(),
             "stats": dict(self._stats),
             "local_optimizer": self.local_optimizer.state_dict(),
@@ -417,8 +442,9 @@ class BlockMomentum:
         if problem is not None:
             raise problem
         saved = state["hyperparameters"]
-        now = {"block_steps": self.block_steps, "block_momentum": self.block_momentum, "block_lr": self.block_lr}
-        if saved != now:
+        now = {"block_steps": self.block_steps, "block_momentum": self.block_momentum, "block_lr": self.block_lr,
+               "sync_steps": self.sync_steps}
+        if {k: saved.get(k, 0) for k in now} != now:
             logger.warning("gradzip BlockMomentum: restoring a state saved with %s under %s; training "
                            "continues with the new values", saved, now)
         if self._background is not None and self._background.busy:
@@ -432,6 +458,7 @@ class BlockMomentum:
             if self.overlap:
                 self._start.copy_(checked["start"])
         self._local_steps = checked["local_steps"]
+        self._steps = checked["steps"]
         self._exchange.set_states(checked["error_feedback"])
         self._stats = _new_stats()
         self._stats.update(state["stats"])
@@ -456,10 +483,14 @@ class BlockMomentum:
                 raise ValueError(f"the state_dict's {key} is not a dict")
         if any(k not in _new_stats() or not isinstance(v, (int, float)) for k, v in state["stats"].items()):
             raise ValueError(f"the state_dict's stats must be a dict of {', '.join(_new_stats())}")
-        steps = state["local_steps"]
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-            raise ValueError(f"the state_dict's local_steps must be an integer >= 0, got {steps!r}")
-        out: Dict[str, Any] = {"local_steps": steps}
+        out: Dict[str, Any] = {}
+        # "steps" (since training began) is newer than version 1's first states:
+        # there the statistics' step count, which is the same number.
+        for key, value in (("local_steps", state["local_steps"]),
+                           ("steps", state.get("steps", state["stats"].get("steps", 0)))):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"the state_dict's {key} must be an integer >= 0, got {value!r}")
+            out[key] = value
         for key, needed in (("global", True), ("delta", True), ("pending", False), ("start", self.overlap)):
             t = state[key]
             if t is None and not needed:
@@ -485,7 +516,8 @@ class BlockMomentum:
             self._exchange.comm.close()
 
     def __repr__(self) -> str:
-        return (f"BlockMomentum(block_steps={self.block_steps}, codec='{self.codec.spec}', "
+        return (f"BlockMomentum(block_steps={self.block_steps}, sync_steps={self.sync_steps}, "
+                f"codec='{self.codec.spec}', "
                 f"block_momentum={self.block_momentum:g}, block_lr={self.block_lr:g}, nesterov={self.nesterov}, "
                 f"overlap={self.overlap}, transport='{self.transport}', world_size={self.world_size}, "
                 f"elements={self._n})")
@@ -622,8 +654,9 @@ def _model_tensor(key: str, t: Any, n: int) -> torch.Tensor:
 
 
 def _digest(checked: Dict[str, Any]) -> str:
-    """SHA-256 of what every rank holds alike: W, Delta, the update in flight, the step in the block."""
-    h = hashlib.sha256(str(checked["local_steps"]).encode())
+    """SHA-256 of what every rank holds alike: W, Delta, the update in flight, the step in the block and
+    the steps so far."""
+    h = hashlib.sha256(f"{checked['local_steps']} {checked['steps']}".encode())
     for key in ("global", "delta", "pending"):
         t = checked[key]
         h.update(b"none" if t is None else t.detach().cpu().contiguous().numpy().tobytes())
