@@ -26,8 +26,11 @@
 # report.md (one page) and the raw logs/JSON. Exit status 0: every step passed.
 #
 # Environment: GZ_GPU_DIR (default .gpu), GZ_GPU_BUILD_DIR (default
-# build-gpu), GZ_GPU_BUDGET_S, GZ_JOBS (default nproc).
+# build-gpu), GZ_GPU_BUDGET_S, GZ_JOBS (default nproc), GZ_GPU_SKIP (step
+# names to leave out, e.g. "kernel-bench headline" for a re-check of a
+# change that touches no kernel when little device time is left).
 set -uo pipefail
+GZ_GPU_SKIP="${GZ_GPU_SKIP:-}"
 
 GZ_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GPU_DIR="${GZ_GPU_DIR:-$GZ_ROOT/.gpu}"
@@ -259,6 +262,10 @@ step() {
   local name=$1 cap=$2 note=$3
   shift 4
   local left=$((BUDGET - (SECONDS - T0)))
+  if [[ " ${GZ_GPU_SKIP//,/ } " == *" $name "* ]]; then
+    note_step "$name" "SKIPPED" "left out by GZ_GPU_SKIP"
+    return
+  fi
   if ((left < 15)); then
     note_step "$name" "NOT RUN" "out of time (budget ${BUDGET} s)"
     return
@@ -350,7 +357,10 @@ stage_package() {
 # --- the report -----------------------------------------------------------------
 report() {
   local r="$OUT/report.md" all=PASS name verdict took note
-  [[ -z "$(cut -d'|' -f2 "$STEPS_FILE" | grep -v '^PASS$')" ]] || all=FAIL
+  [[ -z "$(cut -d'|' -f2 "$STEPS_FILE" | grep -v -e '^PASS$' -e '^SKIPPED$')" ]] || all=FAIL
+  local skipped
+  skipped=$(cut -d'|' -f2 "$STEPS_FILE" | grep -c '^SKIPPED$')
+  ((skipped)) && all="$all ($skipped steps skipped: GZ_GPU_SKIP)"
   {
     echo "# gradzip GPU check: $all"
     echo
