@@ -24,14 +24,8 @@ export GRADZIP_RATES_CACHE="$OUT/codec-rates.tsv"
   lscpu | grep 'Model name'; grep -o -w -E 'avx2|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
   date -u; } > "$OUT/machine.txt"
 
-run() {  # name, then gradzip-run arguments
-  local name=$1
-  shift
-  echo "== $name: gradzip-run $*" | tee -a "$OUT/runs.log"
-  uptime | tee -a "$OUT/runs.log"
-  "$BIN/gradzip-run" "$@" > "$OUT/$name.log" 2>&1 || { cat "$OUT/$name.log"; exit 1; }
-  grep -E '^\[0\] # model' "$OUT/$name.log" | tee -a "$OUT/runs.log" || true
-}
+RUN_SHOW='^\[0\] # model'  # the model's measured inputs
+source "$ROOT/bench/cluster/run_lib.sh"
 
 bench() { echo "$BIN/gradzip-bench --predict --iters $ITERS --warmup 1 --timeout 600"; }
 

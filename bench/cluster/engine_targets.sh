@@ -22,14 +22,8 @@ PY="${GZ_PYTHON:-$ROOT/build/venv/bin/python}"
 mkdir -p "$OUT"
 ITERS="${ITERS:-3}"
 
-run() {  # name, then gradzip-run arguments
-  local name=$1
-  shift
-  echo "== $name: gradzip-run $*" | tee -a "$OUT/runs.log"
-  uptime | tee -a "$OUT/runs.log"
-  "$BIN/gradzip-run" "$@" > "$OUT/$name.log" 2>&1 || { cat "$OUT/$name.log"; exit 1; }
-  grep -E '^\[0\] ' "$OUT/$name.log" | grep -vE '^\[0\] # (times|baseline|\(hier|The calls|are the|hidden|least|workspace)' || true
-}
+RUN_HIDE='^\[0\] # (times|baseline|\(hier|The calls|are the|hidden|least|workspace)'  # the header's prose
+source "$ROOT/bench/cluster/run_lib.sh"
 
 bench() { echo "$BIN/gradzip-bench --iters $ITERS --warmup 1 --timeout 600"; }
 gloo() { echo "$PY $ROOT/python/gradzip/baselines/gloo_allreduce.py --iters $ITERS --warmup 1 --timeout 600"; }
