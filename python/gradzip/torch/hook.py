@@ -474,7 +474,7 @@ class CompressionState:
         if w.ended_at is None and w.decided < self._step:
             if w.decide(self._step, self.warmup_until, self.warmup_patience, self.warmup_steps, self.warmup_max):
                 self._agreed = False  # every rank must have ended it at this step: checked before the branch
-                logger.info("gradzip DDP hook: the measured warm-up ended at step %d (norm EMA %.6g)",
+                logger.info("gradzip DDP hook: the measured warm-up ended at step %d (norm EMA %s)",
                             self._step, w.ema)
         return w.ended_at is None
 
@@ -628,8 +628,9 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
        optimizer step pre-hook; the first call after an optimizer step
        decides whether the optimizer is adaptive, sets the codec, server
        codec and error feedback to match, and the ranks agree again.
-    1. Before ``state.warmup_steps`` (and for the ``none`` codec over the
-       torch transport): divide by the world size and allreduce the bucket
+    1. Before ``state.warmup_steps``, or until the measured warm-up
+       (``warmup_until``) ends (and for the ``none`` codec over the torch
+       transport): divide by the world size and allreduce the bucket
        with torch, in its dtype, exactly as DDP does.
     2. Otherwise hand the bucket to the state's worker thread, in DDP's
        bucket order, and return at once: the worker runs gradzip's
