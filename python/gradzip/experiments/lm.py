@@ -20,7 +20,9 @@ Methods (compared with fp32):
     <gradzip spec>           gradzip's DDP hook with its defaults, e.g. onebit, topk:density=0.01
     <spec>@hook:k=v,...      the hook with options: warmup=N (fixed warm-up steps),
                              algorithm=..., server=<spec>, exact=N|off (layer filter),
-                             adaptive=auto|on|off (the hook's defaults for Adam; auto: seen)
+                             adaptive=auto|on|off (the hook's defaults for Adam; auto: seen),
+                             until=TOL,patience=K,wmax=N (a warm-up that ends on a measured
+                             criterion: CompressionState's warmup_until; warmup=N is then its minimum)
     <spec>@cm[:k=v,...]      compressed momentum (gradzip.torch.CompressedAdamW: the 1-bit
                              Adam / 0/1 Adam family): options warmup=N (max full-precision
                              steps), min=N, tol=X (the variance criterion), server=<spec>,
@@ -332,15 +334,26 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
             kw["server_codec"] = value
         elif key == "exact":
             kw["exact_below"] = None if value == "off" else int(value)
+        elif key == "until":  # the measured warm-up (CompressionState's warmup_until)
+            kw["warmup_until"] = float(value)
+        elif key == "patience":
+            kw["warmup_patience"] = int(value)
+        elif key == "wmax":
+            kw["warmup_max"] = int(value)
         elif key == "adaptive":
             kw["adaptive"] = {"on": True, "off": False, "auto": "auto"}[value]
         else:
             raise ValueError(f"method {method!r}: unknown hook option {key!r} (warmup, algorithm, server, exact, "
-                             "adaptive)")
+                             "adaptive, until, patience, wmax)")
     state = CompressionState(codec=spec, **kw)
     ddp.register_comm_hook(state, compression_hook)
-    return Method(ddp, opt, lambda steps: state.compression_stats()["wire_bytes_per_step"] * steps,
-                  extra={"state": repr(state)})
+    m = Method(ddp, opt, lambda steps: state.compression_stats()["wire_bytes_per_step"] * steps,
+               extra={"state": repr(state)})
+    if state.warmup_until is not None:
+        m.finish = lambda: m.extra.update({"uncompressed_steps": state.compression_stats()["uncompressed_steps"],
+                                           "warmup_ended_at": state.compression_stats()["warmup_ended_at"],
+                                           "warmup_trace": [list(t) for t in state._warm.trace]})
+    return m
 
 
 # -- training -------------------------------------------------------------------

@@ -3,8 +3,9 @@
 # No "from __future__ import annotations": DDP's register_comm_hook inspects
 # the hook's annotations and needs the real dist.GradBucket / Future types.
 import logging
+import math
 import weakref
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -83,6 +84,19 @@ class CompressionState:
             allgather's bytes would grow past it: >= 8x fewer bytes than
             fp32 at any rank count). An ``ef=`` in the codec spec (or a
             :class:`gradzip.Codec`) and a ``server_codec`` are kept as given.
+        warmup_until: opt-in, a warm-up that ends on a measured criterion
+            (None, default: the fixed ``warmup_steps`` only). The hook sends
+            fp32 (a plain allreduce) until the relative change of an EMA
+            (decay 0.9) of the averaged gradient's norm has stayed below this
+            tolerance for ``warmup_patience`` consecutive steps; at least
+            ``warmup_steps`` steps, at most ``warmup_max``. The norm is taken
+            from the allreduced gradient, which every rank holds
+            bit-identically, so every rank ends the warm-up at the same step
+            (the ranks also agree on it through the hook's agreement).
+            BENCHMARKS.md section 11, "A warm-up that ends on a measured
+            criterion".
+        warmup_patience: consecutive calm steps that end the measured warm-up. Default 4.
+        warmup_max: the measured warm-up's cap in steps. Default 64.
 
     Raises:
         ValueError: an unknown codec spec, transport or algorithm, a negative
@@ -103,6 +117,9 @@ class CompressionState:
         "server_codec",
         "exact_below",
         "adaptive",
+        "warmup_until",
+        "warmup_patience",
+        "warmup_max",
         "_given_codec",  # the codec as built, before the adaptive defaults
         "_ef_given",  # the codec's error feedback was chosen by the caller
         "_given_server",
@@ -118,6 +135,7 @@ class CompressionState:
         "_splits",  # layer filters: id(segment) -> (segment, _filters.Split or None)
         "_adaptive",  # None until decided (adaptive="auto"), then True or False
         "_seen",  # _Seen: adaptive="auto" watches the optimizer steps until it decides
+        "_warm",  # _Warmup: the measured warm-up (warmup_until), or None
         # Statistics (totals since construction or the restored checkpoint).
         "_stats",
     )
@@ -133,12 +151,23 @@ class CompressionState:
         server_codec: Optional[str] = None,
         exact_below: Optional[int] = None,
         adaptive: Union[str, bool] = "auto",
+        warmup_until: Optional[float] = None,
+        warmup_patience: int = 4,
+        warmup_max: int = 64,
     ) -> None:
         if exact_below is not None and (not isinstance(exact_below, int) or isinstance(exact_below, bool)
                                         or exact_below < 0):
             raise ValueError(f"exact_below must be None (no layer filter) or an integer >= 0, got {exact_below!r}")
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if warmup_until is not None and (isinstance(warmup_until, bool) or not isinstance(warmup_until, (int, float))
+                                         or not 0.0 < warmup_until < 1.0):
+            raise ValueError(f"warmup_until must be None or a tolerance in (0, 1), got {warmup_until!r}")
+        for name, v in (("warmup_patience", warmup_patience), ("warmup_max", warmup_max)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if warmup_until is not None and warmup_max < warmup_steps:
+            raise ValueError(f"warmup_max ({warmup_max}) must be >= warmup_steps ({warmup_steps}), the minimum")
         if adaptive not in ("auto", True, False):
             raise ValueError(f"adaptive must be 'auto', True or False, got {adaptive!r}")
         _transports.check(transport, communicator)
@@ -155,6 +184,9 @@ class CompressionState:
         self._given_codec, self._given_server = self.codec, self.server_codec
         self._ef_given = not isinstance(codec, str) or "ef=" in codec.replace(" ", "")
         self.adaptive = adaptive
+        self.warmup_until = None if warmup_until is None else float(warmup_until)
+        self.warmup_patience, self.warmup_max = warmup_patience, warmup_max
+        self._warm = None if warmup_until is None or self.codec.name == "none" else _Warmup()
         # Only onebit's and top-k's defaults depend on the optimizer (measured).
         self._adaptive: Optional[bool] = None
         self._seen: Any = None
@@ -193,7 +225,10 @@ class CompressionState:
                 the dense bucket).
             ratio: dense / payload bytes.
             wire_ratio: what a plain ring allreduce of the bucket would send / wire bytes.
-            uncompressed_steps: warm-up steps (the whole gradient sent uncompressed).
+            uncompressed_steps: warm-up steps (the whole gradient sent uncompressed),
+                fixed or measured (``warmup_until``).
+            warmup_ended_at: with ``warmup_until``, the step the measured
+                warm-up ended at (the first compressed step); -1 while it runs.
             uncompressed_bytes_per_step: the part of wire_bytes_per_step sent
                 uncompressed: warm-up steps, and the parameters the layer
                 filter keeps exact (``exact_below``). Both are in wire_ratio.
@@ -211,6 +246,8 @@ class CompressionState:
             "wire_ratio": fp32_wire / s["wire_bytes"] if s["wire_bytes"] else float("nan"),
             "uncompressed_steps": s["uncompressed_steps"],
             "uncompressed_bytes_per_step": (s["uncompressed_wire_bytes"] + s["exact_wire_bytes"]) / steps,
+            **({} if self._warm is None else
+               {"warmup_ended_at": -1 if self._warm.ended_at is None else self._warm.ended_at}),
         }
 
     def state_dict(self) -> Dict[str, Any]:
@@ -231,6 +268,7 @@ class CompressionState:
             "shapes": [list(s) for s in self._tracker.shapes()],
             "segments": segments,
             "stats": dict(self._stats),
+            **({} if self._warm is None else {"warmup": self._warm.state_dict()}),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -279,7 +317,17 @@ class CompressionState:
         if not isinstance(stats, dict) or any(k not in _new_stats() or not isinstance(v, (int, float))
                                               for k, v in stats.items()):
             raise ValueError(f"the state_dict's stats must be a dict of {', '.join(_new_stats())}")
+        warm = None
+        if self._warm is not None:
+            if "warmup" not in state:
+                raise ValueError("the state_dict was saved without warmup_until; this state has "
+                                 f"warmup_until={self.warmup_until!r}")
+            warm = _Warmup.from_state(state["warmup"])
+        elif "warmup" in state:
+            raise ValueError("the state_dict was saved with warmup_until; this state has none")
         self._tracker.restore(shapes, segments)
+        if warm is not None:
+            self._warm = warm
         if self.adaptive == "auto" and self._given_codec.name in _ADAPTIVE_CODECS:
             if self._seen is not None:
                 self._seen.close()
@@ -311,12 +359,15 @@ class CompressionState:
             spec += ("," if ":" in spec else ":") + "ef=on"
         return {"codec": spec, "warmup_steps": self.warmup_steps, "transport": self.transport,
                 "algorithm": self.algorithm, "server_codec": self._given_server, "exact_below": self.exact_below,
-                "adaptive": self.adaptive, "state": self.state_dict()}
+                "adaptive": self.adaptive, "warmup_until": self.warmup_until,
+                "warmup_patience": self.warmup_patience, "warmup_max": self.warmup_max, "state": self.state_dict()}
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__init__(codec=d["codec"], warmup_steps=d["warmup_steps"],  # type: ignore[misc]
                       transport=d["transport"], algorithm=d["algorithm"], server_codec=d.get("server_codec"),
-                      exact_below=d.get("exact_below"), adaptive=d.get("adaptive", "auto"))
+                      exact_below=d.get("exact_below"), adaptive=d.get("adaptive", "auto"),
+                      warmup_until=d.get("warmup_until"), warmup_patience=d.get("warmup_patience", 4),
+                      warmup_max=d.get("warmup_max", 64))
         self.load_state_dict(d["state"])
 
     # -- internals ------------------------------------------------------------
@@ -412,6 +463,21 @@ class CompressionState:
         logger.info("gradzip DDP hook: %s optimizer; codec=%s server_codec=%s",
                     "an adaptive" if adaptive else "no adaptive", self.codec.spec, self.server_codec)
 
+    def _warming(self, bucket: dist.GradBucket) -> bool:
+        """Whether this step is a warm-up step (fp32 allreduce). With
+        ``warmup_until``, the first bucket of each step folds the previous
+        step's averaged-gradient norm into the criterion (its futures are
+        done: DDP waited for them); ending it re-runs the ranks' agreement."""
+        if self._warm is None:
+            return self._step < self.warmup_steps
+        w = self._warm
+        if w.ended_at is None and w.decided < self._step:
+            if w.decide(self._step, self.warmup_until, self.warmup_patience, self.warmup_steps, self.warmup_max):
+                self._agreed = False  # every rank must have ended it at this step: checked before the branch
+                logger.info("gradzip DDP hook: the measured warm-up ended at step %d (norm EMA %s)",
+                            self._step, w.ema)
+        return w.ended_at is None
+
     def _count(self, dense: int, payload: int, wire: float) -> None:
         s = self._stats
         s["dense_bytes"] += dense
@@ -421,6 +487,7 @@ class CompressionState:
     def __repr__(self) -> str:
         return (f"CompressionState(codec='{self.codec.spec}', transport='{self.transport}', "
                 f"warmup_steps={self.warmup_steps}, "
+                f"{'' if self.warmup_until is None else f'warmup_until={self.warmup_until}, '}"
                 f"adaptive={'auto' if self._adaptive is None else self._adaptive}, step={self._step})")
 
 
@@ -470,6 +537,62 @@ class _Seen:
             self._handle.remove()
 
 
+class _Warmup:
+    """The measured warm-up's criterion (``warmup_until``). Per step, the
+    averaged gradient's norm n_t (float64 sum of squares per bucket, summed in
+    bucket order, the root rounded to float32 so that a reduction order
+    differing in the last bits between ranks cannot tip a decision), its EMA
+    e_t = 0.9 e_{t-1} + 0.1 n_t (e_1 = n_1), and the relative change
+    r_t = |e_t - e_{t-1}| / e_{t-1}. The warm-up ends at the start of step s
+    (the first compressed step) when s >= warmup_max, or when s >= warmup_steps
+    and the last `patience` values of r were all below the tolerance."""
+
+    DECAY = 0.9
+
+    def __init__(self) -> None:
+        self.sums: Dict[int, float] = {}  # bucket index -> sum of squares of the step being collected
+        self.ema: Optional[float] = None
+        self.calm = 0  # consecutive steps with r below the tolerance
+        self.decided = 0  # the step the criterion last ran at (step 0 is always warm-up)
+        self.ended_at: Optional[int] = None
+        self.trace: List[Tuple[float, float, float]] = []  # (norm, EMA, change) per step since built: not saved
+
+    def collect(self, index: int, averaged: torch.Tensor) -> None:
+        self.sums[index] = float(torch.sum(torch.square(averaged.detach().to(torch.float64))))
+
+    def decide(self, step: int, tol: float, patience: int, least: int, cap: int) -> bool:
+        """At the start of `step`: fold the last step's norm; whether the warm-up ends now."""
+        self.decided = step
+        if self.sums:
+            norm = float(torch.tensor(math.sqrt(sum(self.sums[k] for k in sorted(self.sums))), dtype=torch.float32))
+            self.sums = {}
+            prev, self.ema = self.ema, norm if self.ema is None else self.DECAY * self.ema + (1 - self.DECAY) * norm
+            change = abs(self.ema - prev) / prev if prev is not None and prev > 0 else math.inf
+            self.calm = self.calm + 1 if change < tol else 0
+            self.trace.append((norm, self.ema, change))
+            logger.debug("gradzip DDP hook: warm-up step %d: norm %.6g, EMA %.6g, change %.4g", step - 1, norm,
+                         self.ema, change)
+        if step >= cap or (step >= least and self.calm >= patience):
+            self.ended_at = step
+        return self.ended_at is not None
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"sums": [[k, v] for k, v in sorted(self.sums.items())], "ema": self.ema, "calm": self.calm,
+                "decided": self.decided, "ended_at": self.ended_at}
+
+    @classmethod
+    def from_state(cls, d: Any) -> "_Warmup":
+        w = cls()
+        try:
+            w.sums = {int(k): float(v) for k, v in d["sums"]}
+            w.ema = None if d["ema"] is None else float(d["ema"])
+            w.calm, w.decided = int(d["calm"]), int(d["decided"])
+            w.ended_at = None if d["ended_at"] is None else int(d["ended_at"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"the state_dict's warmup is malformed: {d!r:.120}") from None
+        return w
+
+
 def _new_stats() -> Dict[str, Any]:
     # uncompressed_*: the warm-up's steps and wire bytes; exact_wire_bytes: the
     # layer filter's exactly averaged parameters (a checkpoint without them,
@@ -505,8 +628,9 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
        optimizer step pre-hook; the first call after an optimizer step
        decides whether the optimizer is adaptive, sets the codec, server
        codec and error feedback to match, and the ranks agree again.
-    1. Before ``state.warmup_steps`` (and for the ``none`` codec over the
-       torch transport): divide by the world size and allreduce the bucket
+    1. Before ``state.warmup_steps``, or until the measured warm-up
+       (``warmup_until``) ends (and for the ``none`` codec over the torch
+       transport): divide by the world size and allreduce the bucket
        with torch, in its dtype, exactly as DDP does.
     2. Otherwise hand the bucket to the state's worker thread, in DDP's
        bucket order, and return at once: the worker runs gradzip's
@@ -539,15 +663,27 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     if not state._agreed:  # first call: every rank checks the others' settings before taking a branch
         _agreement.check(state, bucket)
         state._agreed = True
+    warming = state._warming(bucket)
+    if not state._agreed:  # the measured warm-up ended: every rank must end it at this step
+        _agreement.check(state, bucket)
+        state._agreed = True
     plan = state._tracker.plan(bucket.index(), bucket.parameters(), buffer.numel(), state._make_ef)
-    if state._dense or state._step < state.warmup_steps:
+    if state._dense or warming:
         fut = _allreduce_dense(state, buffer)
+        if state._warm is not None and warming:
+            warm, index = state._warm, bucket.index()
+
+            def collected(f: Any) -> torch.Tensor:
+                warm.collect(index, f.value())
+                return f.value()
+
+            fut = fut.then(collected)
     else:
         if state._worker is None:
             state._connect()
         fut = _worker.exchange(state, plan, buffer, bucket.is_last())
     if bucket.is_last():
-        if state._step < state.warmup_steps and not state._dense:
+        if warming and not state._dense:
             state._stats["uncompressed_steps"] += 1
         state._tracker.end_step()
         state._step += 1

@@ -1,0 +1,60 @@
+"""What the measured warm-up tests of the DDP hook run on every rank
+(dist_util.run_ranks): a small model under CompressionState(warmup_until=...)
+with AdamW; per step, whether it was a warm-up step, the averaged gradient's
+norm (from the parameters' .grad, for the reference), whether every rank
+holds the same parameters, and a checkpoint to resume from."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from adaptive_workers import _identical, make_model
+from gradzip.torch import CompressionState, compression_hook
+
+
+def train(rank: int, world: int, kw: Dict[str, Any], steps: int = 14, save_at: Optional[int] = None,
+          resume: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets
+    state = CompressionState(codec="onebit", **kw)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    start = 0
+    if resume is not None:
+        model.load_state_dict(torch.load(io.BytesIO(resume["model"])))
+        opt.load_state_dict(torch.load(io.BytesIO(resume["opt"])))
+        state.load_state_dict(torch.load(io.BytesIO(resume["hook"]), weights_only=False))
+        start = resume["step"]
+    ddp.register_comm_hook(state, compression_hook)
+    identical: List[bool] = []
+    warm: List[bool] = []
+    norms: List[float] = []
+    saved: Dict[str, Any] = {}
+    for step in range(start, steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+        opt.zero_grad()
+        before = state.compression_stats()["uncompressed_steps"] if step else 0
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        warm.append(state.compression_stats()["uncompressed_steps"] > before)
+        norms.append(math.sqrt(sum(float(torch.sum(p.grad.double() ** 2)) for p in model.parameters())))
+        opt.step()
+        identical.append(_identical(model, world))
+        if save_at is not None and step + 1 == save_at:
+            for key, obj in (("model", model.state_dict()), ("opt", opt.state_dict()), ("hook", state.state_dict())):
+                buf = io.BytesIO()
+                torch.save(obj, buf)
+                saved[key] = buf.getvalue()
+            saved["step"] = save_at
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"identical": identical, "warm": warm, "norms": norms, "stats": state.compression_stats(),
+            "final": flat.numpy().tobytes(), "saved": saved, "hook": state.state_dict()}
+
+
+def train_resumed(rank: int, world: int, kw: Dict[str, Any], saves: List[Dict[str, Any]]) -> Dict[str, Any]:
+    return train(rank, world, kw, 14, None, saves[rank])
