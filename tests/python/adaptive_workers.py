@@ -36,6 +36,27 @@ def _identical(model: torch.nn.Module, world: int) -> bool:
     return all(torch.equal(got[0], t) for t in got)
 
 
+def checkpoint(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, state: Any) -> Dict[str, Any]:
+    """The model, optimizer and hook state after `step` steps, as bytes."""
+    saved: Dict[str, Any] = {"step": step}
+    for key, obj in (("model", model.state_dict()), ("opt", opt.state_dict()), ("hook", state.state_dict())):
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        saved[key] = buf.getvalue()
+    return saved
+
+
+def load_checkpoint(resume: Optional[Dict[str, Any]], model: torch.nn.Module, opt: torch.optim.Optimizer,
+                    state: Any) -> int:
+    """Restores `checkpoint`'s output (None: nothing); the step to go on from."""
+    if resume is None:
+        return 0
+    model.load_state_dict(torch.load(io.BytesIO(resume["model"])))
+    opt.load_state_dict(torch.load(io.BytesIO(resume["opt"])))
+    state.load_state_dict(torch.load(io.BytesIO(resume["hook"]), weights_only=False))
+    return resume["step"]
+
+
 def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 6, save_at: Optional[int] = None,
           resume: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """`steps` steps of the model under CompressionState(codec) with optimizer `kind`
@@ -47,12 +68,7 @@ def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 
     ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets
     state = CompressionState(codec=codec)
     opt = _optimizer(kind, ddp.parameters())
-    start = 0
-    if resume is not None:
-        model.load_state_dict(torch.load(io.BytesIO(resume["model"])))
-        opt.load_state_dict(torch.load(io.BytesIO(resume["opt"])))
-        state.load_state_dict(torch.load(io.BytesIO(resume["hook"]), weights_only=False))
-        start = resume["step"]
+    start = load_checkpoint(resume, model, opt, state)
     ddp.register_comm_hook(state, compression_hook)
     identical: List[bool] = []
     specs: List[str] = []
@@ -66,11 +82,7 @@ def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 
         identical.append(_identical(model, world))
         specs.append(state.codec.spec)
         if save_at is not None and step + 1 == save_at:
-            for key, obj in (("model", model.state_dict()), ("opt", opt.state_dict()), ("hook", state.state_dict())):
-                buf = io.BytesIO()
-                torch.save(obj, buf)
-                saved[key] = buf.getvalue()
-            saved["step"] = save_at
+            saved = checkpoint(save_at, model, opt, state)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"identical": identical, "specs": specs, "server": state.server_codec, "repr": repr(state),
             "algorithm": state._algorithm_now(),

@@ -6,15 +6,13 @@ holds the same parameters, and a checkpoint to resume from."""
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any, Dict, List, Optional
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from adaptive_workers import _identical, make_model
+from adaptive_workers import _identical, checkpoint, load_checkpoint, make_model
 from gradzip.torch import CompressionState, compression_hook
 
 
@@ -24,12 +22,7 @@ def train(rank: int, world: int, kw: Dict[str, Any], steps: int = 14, save_at: O
     ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets
     state = CompressionState(codec="onebit", **kw)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-    start = 0
-    if resume is not None:
-        model.load_state_dict(torch.load(io.BytesIO(resume["model"])))
-        opt.load_state_dict(torch.load(io.BytesIO(resume["opt"])))
-        state.load_state_dict(torch.load(io.BytesIO(resume["hook"]), weights_only=False))
-        start = resume["step"]
+    start = load_checkpoint(resume, model, opt, state)
     ddp.register_comm_hook(state, compression_hook)
     identical: List[bool] = []
     warm: List[bool] = []
@@ -46,11 +39,7 @@ def train(rank: int, world: int, kw: Dict[str, Any], steps: int = 14, save_at: O
         opt.step()
         identical.append(_identical(model, world))
         if save_at is not None and step + 1 == save_at:
-            for key, obj in (("model", model.state_dict()), ("opt", opt.state_dict()), ("hook", state.state_dict())):
-                buf = io.BytesIO()
-                torch.save(obj, buf)
-                saved[key] = buf.getvalue()
-            saved["step"] = save_at
+            saved = checkpoint(save_at, model, opt, state)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"identical": identical, "warm": warm, "norms": norms, "stats": state.compression_stats(),
             "final": flat.numpy().tobytes(), "saved": saved, "hook": state.state_dict()}
