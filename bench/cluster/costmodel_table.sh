@@ -11,10 +11,7 @@
 # minutes on 2 vCPUs; SIZES, ITERS and SKIP_LIMIT=1 shorten it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${GRADZIP_BIN_DIR:-$ROOT/build/bin}"
 OUT="${1:-costmodel-$(date -u +%Y%m%d-%H%M%S)}"
-PY="${GZ_PYTHON:-$ROOT/build/venv/bin/python}"
-[[ -x "$PY" ]] || PY=python3
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 ITERS="${ITERS:-3}"

@@ -15,10 +15,7 @@
 # 10 minutes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${GRADZIP_BIN_DIR:-$ROOT/build/bin}"
 OUT="${1:-engine-targets-$(date -u +%Y%m%d-%H%M%S)}"
-PY="${GZ_PYTHON:-$ROOT/build/venv/bin/python}"
-[[ -x "$PY" ]] || PY=python3
 mkdir -p "$OUT"
 ITERS="${ITERS:-3}"
 

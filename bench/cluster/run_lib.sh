@@ -3,6 +3,11 @@
 # command and the load average before it to $OUT/runs.log (the load says
 # whether the times can be trusted), and prints the rank-0 lines that
 # match $RUN_SHOW (an extended regex; RUN_HIDE drops lines again).
+# Needs ROOT (the checkout) and OUT; sets BIN (the programs) and PY (the
+# build's Python, for the table scripts) unless given.
+BIN="${GRADZIP_BIN_DIR:-$ROOT/build/bin}"
+PY="${GZ_PYTHON:-$ROOT/build/venv/bin/python}"
+[[ -x "$PY" ]] || PY=python3
 RUN_SHOW="${RUN_SHOW:-^\[0\] }"
 RUN_HIDE="${RUN_HIDE:-^$}"
 
