@@ -58,15 +58,18 @@ def load_checkpoint(resume: Optional[Dict[str, Any]], model: torch.nn.Module, op
 
 
 def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 6, save_at: Optional[int] = None,
-          resume: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """`steps` steps of the model under CompressionState(codec) with optimizer `kind`
-    (a list: one kind per rank). save_at: the step after which the model, optimizer
-    and hook state are saved (returned); resume: such a save to start from."""
+          resume: Optional[Dict[str, Any]] = None, precondition: Any = "auto") -> Dict[str, Any]:
+    """`steps` steps of the model under CompressionState(codec, precondition=...) with
+    optimizer `kind` (kind, precondition: a list: one per rank). save_at: the step
+    after which the model, optimizer and hook state are saved (returned); resume:
+    such a save to start from."""
     if isinstance(kind, list):
         kind = kind[rank]
+    if isinstance(precondition, list):
+        precondition = precondition[rank]
     model = make_model()
     ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets
-    state = CompressionState(codec=codec)
+    state = CompressionState(codec=codec, precondition=precondition)
     opt = _optimizer(kind, ddp.parameters())
     start = load_checkpoint(resume, model, opt, state)
     ddp.register_comm_hook(state, compression_hook)
@@ -90,6 +93,50 @@ def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 
             "adaptive": state.state_dict()["adaptive"]}
 
 
-def train_resumed(rank: int, world: int, saves: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """train() of AdamW with onebit, from this rank's save."""
-    return train(rank, world, "adamw", "onebit", 6, None, saves[rank])
+def train_resumed(rank: int, world: int, saves: List[Dict[str, Any]], kind: str = "adamw") -> Dict[str, Any]:
+    """train() of onebit (AdamW unless `kind` says otherwise), from this rank's save."""
+    return train(rank, world, kind, "onebit", 6, None, saves[rank])
+
+
+def preconditioned_average(rank: int, world: int, codec: str, steps: int = 4) -> Dict[str, Any]:
+    """The hook's averaged gradient, and its plain reference, at each step of
+    AdamW on a one-parameter model (DDP's bucket is that parameter): the
+    reference is mean_r(D(C(g_r / d))) * d, with g_r each rank's own gradient
+    (backward under no_sync), d = max(sqrt(v / (1 - beta2^t)), 0.01 mean) and v
+    the EMA of the squared averaged gradients, computed here from the hook's
+    outputs, C and D gradzip.Codec's encode and decode."""
+    import numpy as np
+
+    import gradzip
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(24, 40, bias=False)  # 960 elements: one full onebit block and a partial one
+    ddp = DDP(model)
+    state = CompressionState(codec=codec)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, betas=(0.9, 0.99))
+    ddp.register_comm_hook(state, compression_hook)
+    c = gradzip.Codec(codec + (",ef=off" if ":" in codec else ":ef=off"))  # as the hook runs it for AdamW
+    v = np.zeros(model.weight.numel(), dtype=np.float64)
+    got, want = [], []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        x, y = torch.randn(8, 24, generator=g), torch.randn(8, 40, generator=g)
+        opt.zero_grad()
+        with ddp.no_sync():  # this rank's own gradient, no exchange
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+        own = model.weight.grad.detach().reshape(-1).clone()
+        mine = [torch.empty_like(own) for _ in range(world)]
+        dist.all_gather(mine, own)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        out = model.weight.grad.detach().reshape(-1).double().numpy()
+        if step >= 2:  # step 1 decides (AdamW seen at step 0's end) and preconditions already: v exists
+            d = np.sqrt(v / (1 - 0.99 ** step))
+            d = np.maximum(d, 0.01 * d.mean()).astype(np.float32)
+            dec = [c.decode(c.encode((m.numpy() / d).astype(np.float32)), n=d.size) for m in mine]
+            ref = (np.sum([np.asarray(x_, dtype=np.float64) for x_ in dec], axis=0) / world) * d
+            got.append(out.tolist())
+            want.append(ref.tolist())
+        v = 0.99 * v + 0.01 * out ** 2
+        opt.step()
+    return {"got": got, "want": want, "stats": state.compression_stats(), "repr": repr(state)}

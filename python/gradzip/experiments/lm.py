@@ -21,6 +21,7 @@ Methods (compared with fp32):
     <spec>@hook:k=v,...      the hook with options: warmup=N (fixed warm-up steps),
                              algorithm=..., server=<spec>, exact=N|off (layer filter),
                              adaptive=auto|on|off (the hook's defaults for Adam; auto: seen),
+                             pre=auto|on|off (compress in the optimizer's units: precondition),
                              until=TOL,patience=K,wmax=N (a warm-up that ends on a measured
                              criterion: CompressionState's warmup_until; warmup=N is then its minimum)
     <spec>@cm[:k=v,...]      compressed momentum (gradzip.torch.CompressedAdamW: the 1-bit
@@ -340,11 +341,11 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
             kw["warmup_patience"] = int(value)
         elif key == "wmax":
             kw["warmup_max"] = int(value)
-        elif key == "adaptive":
-            kw["adaptive"] = {"on": True, "off": False, "auto": "auto"}[value]
+        elif key in ("adaptive", "pre"):
+            kw["adaptive" if key == "adaptive" else "precondition"] = {"on": True, "off": False, "auto": "auto"}[value]
         else:
             raise ValueError(f"method {method!r}: unknown hook option {key!r} (warmup, algorithm, server, exact, "
-                             "adaptive, until, patience, wmax)")
+                             "adaptive, pre, until, patience, wmax)")
     state = CompressionState(codec=spec, **kw)
     ddp.register_comm_hook(state, compression_hook)
     m = Method(ddp, opt, lambda steps: state.compression_stats()["wire_bytes_per_step"] * steps,

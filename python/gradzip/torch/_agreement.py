@@ -45,6 +45,7 @@ def _fields(state: Any, bucket: Any) -> List[Tuple[str, str]]:
     return [
         ("codec", state.codec.spec),
         ("adaptive optimizer", "not decided yet" if state._adaptive is None else str(state._adaptive)),
+        ("precondition", f"{state.precondition}: " + {None: "not decided yet", True: "on", False: "off"}[state._precond]),
         ("warmup_steps", str(state.warmup_steps)),
         ("measured warm-up", "off" if state._warm is None else
          f"until {state.warmup_until} x{state.warmup_patience} (max {state.warmup_max}), "

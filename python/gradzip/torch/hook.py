@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from .. import _core
 from ..codec import Codec
-from . import _agreement, _layout, _transports, _worker
+from . import _agreement, _layout, _precondition, _transports, _worker
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -97,6 +97,23 @@ class CompressionState:
             criterion".
         warmup_patience: consecutive calm steps that end the measured warm-up. Default 4.
         warmup_max: the measured warm-up's cap in steps. Default 64.
+        precondition: compress in the adaptive optimizer's own units: each
+            bucket is divided by the square root of the optimizer's second
+            moment (Adam's bias-corrected ``exp_avg_sq``; Adamax's ``exp_inf``,
+            RMSprop's ``square_avg``, Adagrad's ``sum``), floored at 1% of its
+            mean over the bucket, before it is encoded, and the decoded
+            average is multiplied back. Adam divides by it anyway, so onebit's
+            one magnitude per block and top-k's choice are then made where
+            the errors count (on the LM: onebit and top-k 1% from +3-8% and
+            +13-18% to BENCHMARKS.md section 11's "The hook in the
+            optimizer's units"). ``"auto"`` (default): on for onebit and
+            top-k once an adaptive optimizer that steps every parameter of
+            the model is seen (from its second step: the first has no
+            second moment yet); ``True``: the same for every codec;
+            ``False``: off. Every rank holds the same second moment, so the
+            ranks still end with the same bits; the ranks agree on the
+            decision, and a restored state finds the restored optimizer
+            (build and restore it before the first backward).
 
     Raises:
         ValueError: an unknown codec spec, transport or algorithm, a negative
@@ -120,6 +137,7 @@ class CompressionState:
         "warmup_until",
         "warmup_patience",
         "warmup_max",
+        "precondition",
         "_given_codec",  # the codec as built, before the adaptive defaults
         "_ef_given",  # the codec's error feedback was chosen by the caller
         "_given_server",
@@ -136,6 +154,8 @@ class CompressionState:
         "_adaptive",  # None until decided (adaptive="auto"), then True or False
         "_seen",  # _Seen: adaptive="auto" watches the optimizer steps until it decides
         "_warm",  # _Warmup: the measured warm-up (warmup_until), or None
+        "_precond",  # None until decided (precondition wanted), then True or False
+        "_opt",  # weakref to the optimizer whose second moment preconditions the buckets
         # Statistics (totals since construction or the restored checkpoint).
         "_stats",
     )
@@ -154,6 +174,7 @@ class CompressionState:
         warmup_until: Optional[float] = None,
         warmup_patience: int = 4,
         warmup_max: int = 64,
+        precondition: Union[str, bool] = "auto",
     ) -> None:
         if exact_below is not None and (not isinstance(exact_below, int) or isinstance(exact_below, bool)
                                         or exact_below < 0):
@@ -170,6 +191,8 @@ class CompressionState:
             raise ValueError(f"warmup_max ({warmup_max}) must be >= warmup_steps ({warmup_steps}), the minimum")
         if adaptive not in ("auto", True, False):
             raise ValueError(f"adaptive must be 'auto', True or False, got {adaptive!r}")
+        if precondition not in ("auto", True, False):
+            raise ValueError(f"precondition must be 'auto', True or False, got {precondition!r}")
         _transports.check(transport, communicator)
         if algorithm not in _ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(_ALGORITHMS)}")
@@ -190,6 +213,10 @@ class CompressionState:
         # Only onebit's and top-k's defaults depend on the optimizer (measured).
         self._adaptive: Optional[bool] = None
         self._seen: Any = None
+        self.precondition = precondition
+        self._opt: Any = None
+        # Decided with the optimizer (None) unless it cannot be wanted.
+        self._precond: Optional[bool] = None if self._may_precondition() else False
         if adaptive != "auto" or self.codec.name not in _ADAPTIVE_CODECS:
             self._set_adaptive(adaptive is True)
         self.exact_below = None if self.codec.name == "none" else exact_below  # none: nothing to protect
@@ -232,6 +259,8 @@ class CompressionState:
             uncompressed_bytes_per_step: the part of wire_bytes_per_step sent
                 uncompressed: warm-up steps, and the parameters the layer
                 filter keeps exact (``exact_below``). Both are in wire_ratio.
+            preconditioned_buckets: bucket exchanges compressed in the
+                optimizer's units (``precondition``).
         """
         s = self._stats
         steps = max(s["steps"], 1)
@@ -248,6 +277,7 @@ class CompressionState:
             "uncompressed_bytes_per_step": (s["uncompressed_wire_bytes"] + s["exact_wire_bytes"]) / steps,
             **({} if self._warm is None else
                {"warmup_ended_at": -1 if self._warm.ended_at is None else self._warm.ended_at}),
+            "preconditioned_buckets": s["preconditioned_buckets"],
         }
 
     def state_dict(self) -> Dict[str, Any]:
@@ -262,6 +292,7 @@ class CompressionState:
             "codec": self._given_codec.spec,
             "adaptive": self._adaptive,  # None: not decided yet
             "adaptive_seen": self._seen.adaptive if self._seen is not None else None,  # seen, to decide next step
+            "precondition": self._precond,  # None: not decided yet
             "transport": self.transport,
             "world_size": self._world_size or self._saved_world,
             "step": self._step,
@@ -325,6 +356,10 @@ class CompressionState:
             warm = _Warmup.from_state(state["warmup"])
         elif "warmup" in state:
             raise ValueError("the state_dict was saved with warmup_until; this state has none")
+        precond = state.get("precondition", False)  # a checkpoint from before it existed: off
+        if precond not in (None, True, False) or (precond is not False and not self._may_precondition()):
+            raise ValueError(f"the state_dict was saved with precondition={precond!r}, this state has "
+                             f"precondition={self.precondition!r} (codec {self._given_codec.spec!r})")
         self._tracker.restore(shapes, segments)
         if warm is not None:
             self._warm = warm
@@ -341,6 +376,9 @@ class CompressionState:
                 # saved run did.
                 self._seen = _Seen(step - 1)
                 self._seen.adaptive = state["adaptive_seen"]
+        self._precond, self._opt = precond, None  # on: the restored optimizer is found at the first bucket
+        if precond is None and self._seen is None and step > 0:
+            self._seen = _Seen(step - 1)  # saved before the decision: decide at the first call, as the saved run did
         if not self._world_size:
             self._saved_world = saved_world
         self._step = int(state["step"])
@@ -360,14 +398,15 @@ class CompressionState:
         return {"codec": spec, "warmup_steps": self.warmup_steps, "transport": self.transport,
                 "algorithm": self.algorithm, "server_codec": self._given_server, "exact_below": self.exact_below,
                 "adaptive": self.adaptive, "warmup_until": self.warmup_until,
-                "warmup_patience": self.warmup_patience, "warmup_max": self.warmup_max, "state": self.state_dict()}
+                "warmup_patience": self.warmup_patience, "warmup_max": self.warmup_max,
+                "precondition": self.precondition, "state": self.state_dict()}
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
         self.__init__(codec=d["codec"], warmup_steps=d["warmup_steps"],  # type: ignore[misc]
                       transport=d["transport"], algorithm=d["algorithm"], server_codec=d.get("server_codec"),
                       exact_below=d.get("exact_below"), adaptive=d.get("adaptive", "auto"),
                       warmup_until=d.get("warmup_until"), warmup_patience=d.get("warmup_patience", 4),
-                      warmup_max=d.get("warmup_max", 64))
+                      warmup_max=d.get("warmup_max", 64), precondition=d.get("precondition", "auto"))
         self.load_state_dict(d["state"])
 
     # -- internals ------------------------------------------------------------
@@ -444,24 +483,63 @@ class CompressionState:
         return "scatter_reduce" if self._world_size > 1.0 + s / c else "auto"
 
     def _decide(self, bucket: dist.GradBucket) -> None:
-        """adaptive="auto": watches the optimizer steps over the bucket's
-        parameters; at the first hook call after a step, decides, and the
-        ranks agree on the decision (a rank deciding otherwise raises)."""
+        """adaptive="auto" (and the preconditioning): watches the optimizer
+        steps over the bucket's parameters; at the first hook call after a
+        step, decides, and the ranks agree on the decision (a rank deciding
+        otherwise raises)."""
         if self._seen is None:
             self._seen = _Seen(self._step)
         if self._step <= self._seen.since:
             self._seen.watch(bucket.parameters())
             return
         self._seen.close()
-        adaptive, self._seen = bool(self._seen.adaptive), None
-        self._set_adaptive(adaptive)
+        seen, self._seen = self._seen, None
         self._agreed = False
-        if self.codec is not self._given_codec or self.server_codec != self._given_server:
-            # Step 1's residuals belong to the other codec (or, from 5 ranks, to allgather): dropped.
-            for seg in self._tracker.segments():
-                seg.ef.reset()
-        logger.info("gradzip DDP hook: %s optimizer; codec=%s server_codec=%s",
-                    "an adaptive" if adaptive else "no adaptive", self.codec.spec, self.server_codec)
+        if self._adaptive is None:
+            adaptive = bool(seen.adaptive)
+            self._set_adaptive(adaptive)
+            if self.codec is not self._given_codec or self.server_codec != self._given_server:
+                # Step 1's residuals belong to the other codec (or, from 5 ranks, to allgather): dropped.
+                for seg in self._tracker.segments():
+                    seg.ef.reset()
+            logger.info("gradzip DDP hook: %s optimizer; codec=%s server_codec=%s",
+                        "an adaptive" if adaptive else "no adaptive", self.codec.spec, self.server_codec)
+        if self._precond is None:
+            self._decide_precondition(seen, bucket)
+
+    def _may_precondition(self) -> bool:
+        """Whether the settings allow preconditioning (then the optimizer decides)."""
+        if self.precondition is False or self.adaptive is False or self._given_codec.name == "none":
+            return False
+        return self.precondition is True or self._given_codec.name in _ADAPTIVE_CODECS
+
+    def _decide_precondition(self, seen: Any, bucket: dist.GradBucket) -> None:
+        """On when the optimizer is adaptive, its second moment readable, and
+        it steps every parameter the hook saw (not so a ZeroRedundancyOptimizer's
+        shard, which would differ between ranks). A watch restored from a
+        checkpoint saw no parameters: the optimizer over this bucket then."""
+        opt = seen.optimizer() if seen.optimizer is not None else None
+        covers = seen.covers
+        if opt is None and not seen.params:
+            opt = _precondition.holding(bucket.parameters())
+            covers = opt is not None
+        on = opt is not None and covers and _precondition.supported(opt)
+        self._precond, self._opt = on, (weakref.ref(opt) if on else None)
+        logger.info("gradzip DDP hook: preconditioning by the optimizer's second moment: %s",
+                    f"on ({type(opt).__name__})" if on else "off")
+
+    def _scale(self, bucket: dist.GradBucket) -> Optional[torch.Tensor]:
+        """The bucket's preconditioner d (None: not this step: no second moment yet)."""
+        opt = self._opt() if self._opt is not None else None
+        if opt is None:  # a restored state, or the optimizer was replaced: the one over these parameters
+            opt = _precondition.holding(bucket.parameters())
+            if opt is None or not _precondition.supported(opt):
+                raise ValueError("gradzip DDP hook: this state preconditions the gradients by the adaptive "
+                                 "optimizer's second moment, and no one torch optimizer with a second moment "
+                                 "steps this bucket's parameters: build (and restore) the optimizer before the "
+                                 "first backward, or set precondition=False")
+            self._opt = weakref.ref(opt)
+        return _precondition.scale(opt, bucket.parameters())
 
     def _warming(self, bucket: dist.GradBucket) -> bool:
         """Whether this step is a warm-up step (fp32 allreduce). With
@@ -488,7 +566,8 @@ class CompressionState:
         return (f"CompressionState(codec='{self.codec.spec}', transport='{self.transport}', "
                 f"warmup_steps={self.warmup_steps}, "
                 f"{'' if self.warmup_until is None else f'warmup_until={self.warmup_until}, '}"
-                f"adaptive={'auto' if self._adaptive is None else self._adaptive}, step={self._step})")
+                f"adaptive={'auto' if self._adaptive is None else self._adaptive}, "
+                f"precondition={'auto' if self._precond is None else self._precond}, step={self._step})")
 
 
 # The codecs whose defaults depend on the optimizer, and onebit's server codec
@@ -507,34 +586,14 @@ def is_adaptive(optimizer: Any) -> bool:
     return bool(names & set(_ADAPTIVE_OPTIMIZERS)) or "betas" in getattr(optimizer, "defaults", {})
 
 
-class _Seen:
-    """adaptive="auto": torch's global optimizer step pre-hook, while the state
-    decides. Holds the watched parameters' ids and no reference to the state."""
+class _Seen(_precondition.Watch):
+    """adaptive="auto" and the preconditioning: torch's global optimizer step
+    pre-hook, while the state decides (from the first hook call after step
+    `since`). Holds the watched parameters' ids and no reference to the state."""
 
     def __init__(self, step: int) -> None:
+        super().__init__(is_adaptive)
         self.since = step
-        self.params: set = set()
-        self.adaptive: Optional[bool] = None
-        me = weakref.ref(self)
-
-        def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            seen = me()
-            if seen is not None and any(id(p) in seen.params for g in optimizer.param_groups for p in g["params"]):
-                seen.adaptive = bool(seen.adaptive) or is_adaptive(optimizer)
-
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        self._handle = register_optimizer_step_pre_hook(pre_hook)
-
-    def watch(self, params: List[torch.Tensor]) -> None:
-        self.params.update(id(p) for p in params)
-
-    def close(self) -> None:
-        self._handle.remove()
-
-    def __del__(self) -> None:
-        if hasattr(self, "_handle"):
-            self._handle.remove()
 
 
 class _Warmup:
@@ -598,7 +657,8 @@ def _new_stats() -> Dict[str, Any]:
     # layer filter's exactly averaged parameters (a checkpoint without them,
     # from before they were counted, loads with zeros).
     return {"steps": 0, "dense_bytes": 0, "payload_bytes": 0, "wire_bytes": 0.0,
-            "uncompressed_steps": 0, "uncompressed_wire_bytes": 0.0, "exact_wire_bytes": 0.0}
+            "uncompressed_steps": 0, "uncompressed_wire_bytes": 0.0, "exact_wire_bytes": 0.0,
+            "preconditioned_buckets": 0}
 
 
 def _listed(d: Dict[str, Any], key: str, kind: type) -> List[Any]:
@@ -658,7 +718,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
             f"gradzip compresses float32, float16 and bfloat16 gradients; this bucket is {buffer.dtype}")
     if not state._world_size:  # the first call: the process group exists now
         state._bind()
-    if state._adaptive is None:  # adaptive="auto", not decided yet
+    if state._adaptive is None or state._precond is None:  # adaptive="auto" or the preconditioning: undecided
         state._decide(bucket)
     if not state._agreed:  # first call: every rank checks the others' settings before taking a branch
         _agreement.check(state, bucket)
@@ -668,6 +728,11 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         _agreement.check(state, bucket)
         state._agreed = True
     plan = state._tracker.plan(bucket.index(), bucket.parameters(), buffer.numel(), state._make_ef)
+    scale = None
+    if state._precond and not (state._dense or warming):
+        scale = state._scale(bucket)
+        if scale is not None:
+            state._stats["preconditioned_buckets"] += 1
     if state._dense or warming:
         fut = _allreduce_dense(state, buffer)
         if state._warm is not None and warming:
@@ -681,7 +746,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     else:
         if state._worker is None:
             state._connect()
-        fut = _worker.exchange(state, plan, buffer, bucket.is_last())
+        fut = _worker.exchange(state, plan, buffer, bucket.is_last(), scale)
     if bucket.is_last():
         if warming and not state._dense:
             state._stats["uncompressed_steps"] += 1
