@@ -93,9 +93,10 @@ def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 
             "adaptive": state.state_dict()["adaptive"]}
 
 
-def train_resumed(rank: int, world: int, saves: List[Dict[str, Any]], kind: str = "adamw") -> Dict[str, Any]:
-    """train() of onebit (AdamW unless `kind` says otherwise), from this rank's save."""
-    return train(rank, world, kind, "onebit", 6, None, saves[rank])
+def train_resumed(rank: int, world: int, saves: List[Dict[str, Any]], kind: str = "adamw",
+                  codec: str = "onebit") -> Dict[str, Any]:
+    """train() of `codec` (AdamW unless `kind` says otherwise), from this rank's save."""
+    return train(rank, world, kind, codec, 6, None, saves[rank])
 
 
 def preconditioned_average(rank: int, world: int, codec: str, steps: int = 4) -> Dict[str, Any]:
@@ -112,7 +113,7 @@ def preconditioned_average(rank: int, world: int, codec: str, steps: int = 4) ->
     torch.manual_seed(0)
     model = torch.nn.Linear(24, 40, bias=False)  # 960 elements: one full onebit block and a partial one
     ddp = DDP(model)
-    state = CompressionState(codec=codec)
+    state = CompressionState(codec=codec, precondition=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, betas=(0.9, 0.99))
     ddp.register_comm_hook(state, compression_hook)
     c = gradzip.Codec(codec + (",ef=off" if ":" in codec else ":ef=off"))  # as the hook runs it for AdamW

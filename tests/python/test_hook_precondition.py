@@ -15,6 +15,8 @@ from dist_util import run_ranks
 from gradzip.torch import CompressionState
 from gradzip.torch import _precondition
 
+TOPK = "topk:density=0.05"
+
 pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"], reason="this gradzip build has no communicator")
 
 
@@ -73,7 +75,9 @@ def test_precondition_is_checked_and_pickled():
     for kw in ({}, {"precondition": False}, {"precondition": True, "codec": "qsgd:bits=4"}):
         state = CompressionState(**kw)
         assert pickle.loads(pickle.dumps(state)).precondition == state.precondition
-    assert CompressionState(codec="fp16")._precond is False  # "auto": onebit and top-k only
+    assert CompressionState(codec="fp16")._precond is False  # "auto": top-k only
+    assert CompressionState(codec="onebit")._precond is False
+    assert CompressionState(codec="onebit", precondition=True)._precond is None  # decided with the optimizer
     assert CompressionState(adaptive=False)._precond is False
 
 
@@ -90,14 +94,15 @@ def test_the_hooks_average_is_the_preconditioned_reference(codec):
 @pytest.fixture(scope="module")
 def runs():
     return {
-        "auto": run_ranks(adaptive_workers.train, 2, "adamw", "onebit", timeout=240),
-        "off": run_ranks(adaptive_workers.train, 2, "adamw", "onebit", 6, None, None, False, timeout=240),
-        "sgd": run_ranks(adaptive_workers.train, 2, "sgd", "onebit", timeout=240),
+        "auto": run_ranks(adaptive_workers.train, 2, "adamw", TOPK, timeout=240),
+        "off": run_ranks(adaptive_workers.train, 2, "adamw", TOPK, 6, None, None, False, timeout=240),
+        "sgd": run_ranks(adaptive_workers.train, 2, "sgd", TOPK, timeout=240),
+        "onebit": run_ranks(adaptive_workers.train, 2, "adamw", "onebit", timeout=240),
     }
 
 
 def test_on_for_adamw_off_for_sgd_and_when_asked(runs):
-    for kind in ("auto", "off", "sgd"):
+    for kind in ("auto", "off", "sgd", "onebit"):  # "auto": top-k only
         for r in runs[kind]:
             assert all(r["identical"]), kind
             n = r["stats"]["preconditioned_buckets"]
@@ -111,6 +116,14 @@ def test_ranks_that_precondition_differently_raise_instead_of_hanging():
 
 
 def test_a_restore_without_its_optimizer_says_so():
-    saves = run_ranks(adaptive_workers.train, 2, "adamw", "onebit", 3, 3, timeout=240)
+    saves = run_ranks(adaptive_workers.train, 2, "adamw", TOPK, 3, 3, timeout=240)
     with pytest.raises(Exception, match="second moment"):  # SGD steps the restored model
-        run_ranks(adaptive_workers.train_resumed, 2, [s["saved"] for s in saves], "sgd", timeout=120)
+        run_ranks(adaptive_workers.train_resumed, 2, [s["saved"] for s in saves], "sgd", TOPK, timeout=120)
+
+
+def test_resume_is_bit_identical():
+    whole = run_ranks(adaptive_workers.train, 2, "adamw", TOPK, 6, 3, timeout=240)
+    again = run_ranks(adaptive_workers.train_resumed, 2, [w["saved"] for w in whole], "adamw", TOPK, timeout=240)
+    for w, a in zip(whole, again):
+        assert a["final"] == w["final"] and all(a["identical"])
+        assert a["stats"]["preconditioned_buckets"] == w["stats"]["preconditioned_buckets"] > 0
