@@ -55,6 +55,8 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool,
     """Queues the bucket's allreduce (average) on the state's worker; returns
     DDP's future. `scale`: the preconditioner d (_precondition.py): the
     bucket is divided by it before it is encoded, the average multiplied."""
+    if scale is not None:
+        buffer.div_(scale)
     inputs = plan.inputs(buffer)
     cuda = buffer.is_cuda
     fut: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if cuda else None)
@@ -87,6 +89,8 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool,
                         sent += both
                         exact += alone
                 plan.scatter(inputs, buffer)
+                if scale is not None:
+                    buffer.mul_(scale)
                 with worker.lock:
                     state._count(buffer.numel() * buffer.element_size(),
                                  _payload_bytes(codec, parts, splits, buffer.element_size()), sent)
