@@ -116,7 +116,6 @@ def preconditioned_average(rank: int, world: int, codec: str, steps: int = 4) ->
     state = CompressionState(codec=codec, precondition=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, betas=(0.9, 0.99))
     ddp.register_comm_hook(state, compression_hook)
-    c = gradzip.Codec(codec + (",ef=off" if ":" in codec else ":ef=off"))  # as the hook runs it for AdamW
     v = np.zeros(model.weight.numel(), dtype=np.float64)
     got, want = [], []
     for step in range(steps):
@@ -132,6 +131,8 @@ def preconditioned_average(rank: int, world: int, codec: str, steps: int = 4) ->
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         out = model.weight.grad.detach().reshape(-1).double().numpy()
         if step >= 2:  # step 1 decides (AdamW seen at step 0's end) and preconditions already: v exists
+            c = gradzip.Codec(state.codec.spec)  # the codec as the hook runs it for AdamW (no error feedback)
+            assert not c.error_feedback
             d = np.sqrt(v / (1 - 0.99 ** step))
             d = np.maximum(d, 0.01 * d.mean()).astype(np.float32)
             dec = [c.decode(c.encode((m.numpy() / d).astype(np.float32)), n=d.size) for m in mine]

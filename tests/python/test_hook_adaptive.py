@@ -17,7 +17,7 @@ from gradzip.torch.hook import is_adaptive
 
 pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"], reason="this gradzip build has no communicator")
 
-ONEBIT_NO_EF = gradzip.Codec("onebit:ef=off").spec
+ONEBIT_NO_EF = gradzip.Codec("onebit:block=128,ef=off").spec  # the adaptive defaults
 QSGD4 = gradzip.Codec("qsgd:bits=4").spec
 
 
@@ -33,11 +33,14 @@ def test_adaptive_is_checked_and_pickled():
         CompressionState(adaptive="yes")
     assert CompressionState(codec="onebit", adaptive=True).codec.spec == ONEBIT_NO_EF
     assert CompressionState(codec="onebit", adaptive=True).server_codec == QSGD4
-    assert CompressionState(codec="onebit:ef=on", adaptive=True).codec.spec == gradzip.Codec("onebit").spec
+    assert CompressionState(codec="onebit:ef=on", adaptive=True).codec.spec == gradzip.Codec("onebit:block=128").spec
+    assert CompressionState(codec="onebit:block=256", adaptive=True).codec.spec == gradzip.Codec(
+        "onebit:block=256,ef=off").spec  # a block size given is kept
     assert CompressionState(codec="onebit", adaptive=True, server_codec="fp16").server_codec == "fp16"
     assert CompressionState(codec="qsgd:bits=4", adaptive=True).codec.spec == QSGD4  # keeps its error feedback
     assert CompressionState(codec="onebit", adaptive=False).codec.spec == gradzip.Codec("onebit").spec
-    for kwargs in ({"codec": "onebit"}, {"codec": "onebit:ef=on", "adaptive": True}, {"adaptive": False}):
+    for kwargs in ({"codec": "onebit"}, {"codec": "onebit:ef=on", "adaptive": True}, {"adaptive": False},
+                   {"codec": "onebit:block=512", "adaptive": True}):
         state = CompressionState(**kwargs)
         copy = pickle.loads(pickle.dumps(state))
         assert (copy.adaptive, copy.codec.spec, copy.server_codec) == (state.adaptive, state.codec.spec,
@@ -72,7 +75,9 @@ def test_sgd_and_an_explicit_error_feedback_keep_the_codec(runs):
     for kind in ("sgd", "ef-on-adamw"):
         for r in runs[kind]:
             assert all(r["identical"]), kind
-            assert set(r["specs"]) == {gradzip.Codec("onebit").spec}, (kind, r["specs"])
+            # (under AdamW in blocks of 128 once decided: the block size is not the error feedback)
+            want = {gradzip.Codec("onebit").spec} if kind == "sgd" else {gradzip.Codec("onebit:block=128").spec}
+            assert set(r["specs"][1:]) == want and r["specs"][0] == gradzip.Codec("onebit").spec, (kind, r["specs"])
             assert r["server"] == (None if kind == "sgd" else QSGD4)  # the server codec is the adaptive default
     assert "adaptive=False" in runs["sgd"][0]["repr"]
 
