@@ -67,6 +67,38 @@ def reference_innovation(rank: int, steps: int, warmup: int, lr: float, betas: A
     return p
 
 
+def reference_update(rank: int, steps: int, warmup: int, lr: float, betas: Any, eps: float, wd: float,
+                     spec: str, masking: bool) -> torch.Tensor:
+    """AdamW for `warmup` steps on averaged gradients; then the variance frozen
+    (d), each rank's own momentum m_r = beta1 m_r + (1 - beta1) g_r (from m
+    at the freeze), its step x_r = lr (m_r / bc1) / d sent as top-k with
+    error feedback, two-phase; p = p (1 - lr wd) - the ranks' average; with
+    masking, m_r = 0 where this rank sent (its worker residual is 0)."""
+    comm = _transports.connect("torch", None, None, None)
+    codec, ef = gradzip.Codec(spec), gradzip.ErrorFeedback()
+    model = make_model(0)
+    p = flat(model)
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    b1, b2 = betas
+    for t in range(1, steps + 1):
+        torch.nn.utils.vector_to_parameters(p, model.parameters())
+        gs = local_grads(model, rank, t).float()
+        if t <= warmup:
+            g = gs.mean(0)
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * g * g
+            denom = (v / (1 - b2 ** t)).sqrt() + eps
+            p = p * (1 - lr * wd) - lr * (m / (1 - b1 ** t)) / denom
+            continue
+        m = b1 * m + (1 - b1) * gs[rank]
+        x = m / denom * (lr / (1 - b1 ** t))
+        comm.allreduce(x, codec, ef, op="avg", algorithm="scatter_reduce", server_codec=spec)
+        if masking:
+            m = torch.where(worker_residual(ef) == 0, torch.zeros_like(m), m)
+        p = p * (1 - lr * wd) - x
+    return p
+
+
 def reference_dgc_sgd(rank: int, world: int, steps: int, warmup: int, lr: float, mu: float, wd: float, clip: float,
                       spec: str, masking: bool = True) -> Dict[str, Any]:
     """DGC (Lin et al. 2018, algorithm 1 with momentum correction, factor
@@ -165,6 +197,19 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
     ref_m = reference_innovation(rank, 10, 3, lr, betas, eps, wd, SPEC, innovation=False)
     out["innovation/err_vs_momentum"] = float((got["params"] - ref_m).abs().max())
 
+    # 1b. compress="update" (DGC's momentum correction with Adam's frozen
+    # preconditioner), with and without factor masking.
+    for masking in (False, True):
+        mk = lambda ps: CompressedAdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd,  # noqa: E731
+                                        codec=SPEC, warmup_codec=None, min_warmup_steps=3, max_warmup_steps=3,
+                                        variance_refresh=0, compress="update", factor_masking=masking)
+        got = train(mk, rank, 10)
+        out[f"update/{masking}/identical"] = got["identical"]
+        ref = reference_update(rank, 10, 3, lr, betas, eps, wd, SPEC, masking)
+        out[f"update/{masking}/err"] = float((got["params"] - ref).abs().max())
+        ref = reference_update(rank, 10, 3, lr, betas, eps, wd, SPEC, not masking)
+        out[f"update/{masking}/err_vs_other"] = float((got["params"] - ref).abs().max())
+
     # 2. DGC in CompressedSGD = the plain loop (clipping active: a tight norm).
     clip = 0.5
     mk = lambda ps: CompressedSGD(ps, lr=0.05, momentum=0.8, weight_decay=0.01, codec=SPEC,  # noqa: E731
@@ -225,6 +270,11 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
     # 5. Resume bit-identically, saved inside the sparsity warm-up (before a
     # density change) and in DGC's compressed stage.
     out["resume/innovation"] = resume(mk, rank, 10, 4)
+    mk_update = lambda ps: CompressedAdamW(ps, lr=lr, codec="topk:density=0.1", warmup_codec=None,  # noqa: E731
+                                           min_warmup_steps=2, max_warmup_steps=2, variance_refresh=3,
+                                           compress="update", factor_masking=True, sparsity_warmup=4,
+                                           sparsity_start=0.4, sparsity_stages=2)
+    out["resume/update"] = resume(mk_update, rank, 12, 6)
     mk_dgc = lambda ps: CompressedSGD(ps, lr=0.05, momentum=0.8, codec=SPEC, warmup_steps=2,  # noqa: E731
                                       momentum_correction=True, clip_norm=clip, sparsity_warmup=4,
                                       sparsity_start=0.3, sparsity_stages=2)

@@ -34,6 +34,14 @@ def test_innovation_equals_the_plain_loop(three_ranks):
         assert r["innovation/err_vs_momentum"] > 1e-3, r["innovation/err_vs_momentum"]
 
 
+@pytest.mark.parametrize("masking", [False, True])
+def test_update_mode_equals_the_plain_loop(three_ranks, masking):
+    for r in three_ranks:
+        assert r[f"update/{masking}/identical"]
+        assert r[f"update/{masking}/err"] < 1e-6, r[f"update/{masking}/err"]
+        assert r[f"update/{masking}/err_vs_other"] > 1e-4, r[f"update/{masking}/err_vs_other"]
+
+
 def test_dgc_sgd_equals_the_plain_loop(three_ranks):
     for r in three_ranks:
         assert r["dgc/identical"]
@@ -61,7 +69,7 @@ def test_the_residual_carries_across_density_changes(three_ranks):
         assert r["conserve/False"] > 1e-2, r["conserve/False"]  # a dropped residual breaks it
 
 
-@pytest.mark.parametrize("which", ["innovation", "dgc"])
+@pytest.mark.parametrize("which", ["innovation", "update", "dgc"])
 def test_resume_is_bit_identical(three_ranks, which):
     for r in three_ranks:
         assert r[f"resume/{which}"]["same"]

@@ -28,8 +28,10 @@ Methods (compared with fp32):
                              steps), min=N, tol=X (the variance criterion), server=<spec>,
                              wcodec=<spec> (the warm-up's gradient codec; none: fp32),
                              refresh=R (variance refreshes R, 3R, 7R, ... steps after),
-                             mode=innovation (send the momentum's change against the shared
-                             momentum, EF21 / LoCo style; default mode=momentum),
+                             mode=innovation (send the change of each rank's own momentum,
+                             EF21 / LoCo style), mode=update (send each rank's Adam step with
+                             error feedback: DGC's momentum correction; mask=1 adds factor
+                             masking); default mode=momentum,
                              sw=N,sws=X,stages=K (DGC's sparsity warm-up: top-k's density from
                              X, default 0.25, down to the codec's over the first N compressed
                              steps in K stages, default 4), clip=X (DGC's local gradient clipping)
@@ -320,6 +322,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
             kw["sparsity_stages"] = int(opts["stages"])
         if "clip" in opts:
             kw["clip_norm"] = float(opts["clip"])
+        if "mask" in opts:  # DGC's momentum factor masking (mode=update)
+            kw["factor_masking"] = opts["mask"] in ("1", "on", "true")
         ddp = DDP(net)
         opt = CompressedAdamW(ddp.parameters(), lr=settings.lr, betas=settings.betas,
                               weight_decay=settings.weight_decay, codec=spec, **kw)

@@ -447,6 +447,29 @@ class CompressedAdamW(_CompressedMomentum):
             (the group itself) or ``"gradzip"`` (UCX/NCCL).
         bucket_elements: the momentum travels in buffers of at most this many
             elements, each with its own error feedback (default 2**24).
+        compress: what travels in the compressed stage. ``"momentum"``
+            (default): each rank's momentum, whose decoded average replaces
+            it (with top-k the averaged momentum is sparse: the coordinates
+            not sent drop to zero). ``"innovation"``: each rank keeps its own
+            momentum m_r = beta1 m_r + (1 - beta1) g_r (from the shared one at
+            the freeze) and sends its change d_r = (1 - beta1)(g_r - m_r) with
+            error feedback; the shared momentum m += avg_ranks C(d_r). What is
+            not sent now is sent later, so m follows the ranks' average
+            momentum, every coordinate dense (stale where not sent), which is
+            what Adam's per-coordinate division needs (EF21 / LoCo's idea for
+            top-k). One more buffer of n floats per rank.
+        sparsity_warmup, sparsity_start, sparsity_stages: DGC's sparsity
+            warm-up for a ``topk:density=D`` codec: over the first
+            sparsity_warmup compressed steps the density decays
+            exponentially from sparsity_start (default 0.25) to D in
+            sparsity_stages equal stages (default 4; stage s:
+            sparsity_start x (D / sparsity_start)^(s / stages)); the server
+            codec follows when it is the codec. The error feedback's
+            residuals carry across each change. 0 (default): none.
+        clip_norm: DGC's local gradient clipping: the averaged gradient's L2
+            norm is clipped at clip_norm in full-precision steps, each
+            rank's own at clip_norm / sqrt(P) in compressed steps (None:
+            none, the default).
 
     Raises:
         ValueError: a bad argument (the message says why).
@@ -462,9 +485,9 @@ class CompressedAdamW(_CompressedMomentum):
                  variance_tolerance: float = 0.5, check_every: int = 10, variance_refresh: int = 20,
                  process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24,
                  compress: str = "momentum", sparsity_warmup: int = 0, sparsity_start: float = 0.25,
-                 sparsity_stages: int = 4, clip_norm: Optional[float] = None) -> None:
-        if compress not in ("momentum", "innovation"):
-            raise ValueError(f"compress must be 'momentum' or 'innovation', got {compress!r}")
+                 sparsity_stages: int = 4, clip_norm: Optional[float] = None, factor_masking: bool = False) -> None:
+        if compress not in ("momentum", "innovation", "update"):
+            raise ValueError(f"compress must be 'momentum', 'innovation' or 'update', got {compress!r}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {betas!r}")
         for name, v in (("min_warmup_steps", min_warmup_steps), ("max_warmup_steps", max_warmup_steps),
@@ -480,6 +503,7 @@ class CompressedAdamW(_CompressedMomentum):
                          transport=transport, bucket_elements=bucket_elements, sparsity_warmup=sparsity_warmup,
                          sparsity_start=sparsity_start, sparsity_stages=sparsity_stages, clip_norm=clip_norm)
         self.compress = compress
+        self.factor_masking = bool(factor_masking)
         self.min_warmup_steps = min_warmup_steps
         self.max_warmup_steps = max_warmup_steps
         self.variance_tolerance = float(variance_tolerance)
@@ -500,6 +524,14 @@ class CompressedAdamW(_CompressedMomentum):
     def _full_precision_step(self, g: torch.Tensor) -> None:
         b1, b2 = self._betas()
         t = self._step
+        if self.compress == "update" and self.compressing:
+            # A variance refresh in update mode: the variance from the averaged
+            # gradient, then the step as a compressed one (the ranks' own
+            # momenta take the averaged gradient).
+            self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            self._refreshed()
+            self._update_step(g)
+            return
         if self._mloc.numel():  # a variance refresh in innovation mode: the ranks' own momenta too
             self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
         self._m.mul_(b1).add_(g, alpha=1.0 - b1)
@@ -530,7 +562,7 @@ class CompressedAdamW(_CompressedMomentum):
         for grp, lo, hi in self._groups():
             torch.div(self._v[lo:hi], 1.0 - b2 ** self._step, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
         self._snapshot = torch.empty(0, device=self._m.device)
-        if self.compress == "innovation":
+        if self.compress in ("innovation", "update"):
             self._mloc = self._m.clone()
         super()._freeze()
 
@@ -552,6 +584,9 @@ class CompressedAdamW(_CompressedMomentum):
 
     def _compressed_step(self, g: torch.Tensor) -> None:
         b1, _ = self._betas()
+        if self.compress == "update":
+            self._update_step(g)
+            return
         if self.compress == "innovation":
             # This rank's own momentum m_r = beta1 m_r + (1 - beta1) g_r moves
             # by d_r = (1 - beta1)(g_r - m_r); the shared momentum by the
@@ -568,10 +603,31 @@ class CompressedAdamW(_CompressedMomentum):
         torch.div(self._m, self._denom, out=self._g)
         self._apply(self._g, 1.0 / (1.0 - b1 ** self._step))
 
+    def _update_step(self, g: torch.Tensor) -> None:
+        """update mode: DGC's momentum correction with Adam's frozen
+        preconditioner. This rank's own momentum m_r = beta1 m_r + (1 -
+        beta1) g_r; its step x_r = lr (m_r / bc1) / d is sent with error
+        feedback (what is not sent now is applied later, not dropped);
+        p = p (1 - lr wd) - avg_ranks C(x_r); with factor masking m_r = 0
+        where this rank sent."""
+        b1, _ = self._betas()
+        self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
+        bc1 = 1.0 - b1 ** self._step
+        torch.div(self._mloc, self._denom, out=g)
+        for grp, lo, hi in self._groups():
+            g[lo:hi].mul_(grp["lr"] / bc1)
+        self._average_compressed_(g)
+        if self.factor_masking:
+            self._mloc.masked_fill_(self._sent_mask(), 0.0)
+        for p, lo, hi, grp in self._param_slices():
+            if grp["weight_decay"]:
+                p.mul_(1.0 - grp["lr"] * grp["weight_decay"])
+            p.sub_(g[lo:hi].view_as(p))
+
     def _buffers(self, create: bool = False) -> Dict[str, torch.Tensor]:
         if create and self._frozen_at and self._denom.numel() != self._n:
             self._denom = torch.empty_like(self._v)
-        if create and self._frozen_at and self.compress == "innovation" and self._mloc.numel() != self._n:
+        if create and self._frozen_at and self.compress != "momentum" and self._mloc.numel() != self._n:
             self._mloc = torch.empty_like(self._v)
         out = {"m": self._m, "v": self._v}
         if self._denom.numel():
@@ -583,6 +639,7 @@ class CompressedAdamW(_CompressedMomentum):
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
         state = super().state_dict()
         state["compress"] = self.compress
+        state["factor_masking"] = self.factor_masking
         state["snapshot"] = self._snapshot.clone()
         state["variance_change"] = self.variance_change
         return state
@@ -591,6 +648,9 @@ class CompressedAdamW(_CompressedMomentum):
         if isinstance(state, dict) and state.get("compress", "momentum") != self.compress:
             raise ValueError(f"the state_dict was saved with compress={state.get('compress', 'momentum')!r}, this "
                              f"optimizer has {self.compress!r}")
+        if isinstance(state, dict) and state.get("factor_masking", False) != self.factor_masking:
+            raise ValueError(f"the state_dict was saved with factor_masking={state.get('factor_masking')!r}, this "
+                             f"optimizer has {self.factor_masking!r}")
         super().load_state_dict(state)
         self._snapshot = state["snapshot"].clone().to(self._m.device)
         self.variance_change = float(state["variance_change"])
@@ -607,6 +667,16 @@ class CompressedSGD(_CompressedMomentum):
     The update (float32): full precision, g averaged: m = mu m + g + wd p;
     compressed, g this rank's: m = avg_ranks(mu m + g + wd p), compressed;
     then p = p - lr m. Usage and the other arguments as
+    :class:`CompressedAdamW`.
+
+    ``momentum_correction=True`` is Deep Gradient Compression (Lin et al.,
+    arXiv 1712.01887) for top-k: the momentum stays each rank's own, u = mu
+    u + g + wd p (g clipped locally with ``clip_norm``), the exchange's
+    worker error feedback is DGC's accumulator v (v += u; top-k of v is
+    sent, v = 0 there), the decoded average is the step, p = p - lr
+    avg_ranks(sent); and with ``factor_masking`` (default True) u = 0 where
+    this rank sent (DGC's momentum factor masking: the worker residual is
+    exactly zero at those coordinates). ``sparsity_warmup`` as for
     :class:`CompressedAdamW`.
     """
 
