@@ -68,12 +68,13 @@ def reference_innovation(rank: int, steps: int, warmup: int, lr: float, betas: A
 
 
 def reference_update(rank: int, steps: int, warmup: int, lr: float, betas: Any, eps: float, wd: float,
-                     spec: str, masking: bool) -> torch.Tensor:
+                     spec: str, masking: bool, local_variance: bool = False) -> torch.Tensor:
     """AdamW for `warmup` steps on averaged gradients; then the variance frozen
     (d), each rank's own momentum m_r = beta1 m_r + (1 - beta1) g_r (from m
     at the freeze), its step x_r = lr (m_r / bc1) / d sent as top-k with
     error feedback, two-phase; p = p (1 - lr wd) - the ranks' average; with
-    masking, m_r = 0 where this rank sent (its worker residual is 0)."""
+    masking, m_r = 0 where this rank sent (its worker residual is 0); with
+    local_variance, v_r = beta2 v_r + (1 - beta2) g_r^2 and d from it, every step."""
     comm = _transports.connect("torch", None, None, None)
     codec, ef = gradzip.Codec(spec), gradzip.ErrorFeedback()
     model = make_model(0)
@@ -91,6 +92,9 @@ def reference_update(rank: int, steps: int, warmup: int, lr: float, betas: Any, 
             p = p * (1 - lr * wd) - lr * (m / (1 - b1 ** t)) / denom
             continue
         m = b1 * m + (1 - b1) * gs[rank]
+        if local_variance:
+            v = b2 * v + (1 - b2) * gs[rank] * gs[rank]
+            denom = (v / (1 - b2 ** t)).sqrt() + eps
         x = m / denom * (lr / (1 - b1 ** t))
         comm.allreduce(x, codec, ef, op="avg", algorithm="scatter_reduce", server_codec=spec)
         if masking:
@@ -210,6 +214,16 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
         ref = reference_update(rank, 10, 3, lr, betas, eps, wd, SPEC, not masking)
         out[f"update/{masking}/err_vs_other"] = float((got["params"] - ref).abs().max())
 
+    mk = lambda ps: CompressedAdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, codec=SPEC,  # noqa: E731
+                                    warmup_codec=None, min_warmup_steps=3, max_warmup_steps=3, variance_refresh=0,
+                                    compress="update", factor_masking=True, local_variance=True)
+    got = train(mk, rank, 10)
+    out["update/lvar/identical"] = got["identical"]
+    ref = reference_update(rank, 10, 3, lr, betas, eps, wd, SPEC, True, local_variance=True)
+    out["update/lvar/err"] = float((got["params"] - ref).abs().max())
+    ref = reference_update(rank, 10, 3, lr, betas, eps, wd, SPEC, True)
+    out["update/lvar/err_vs_other"] = float((got["params"] - ref).abs().max())
+
     # 2. DGC in CompressedSGD = the plain loop (clipping active: a tight norm).
     clip = 0.5
     mk = lambda ps: CompressedSGD(ps, lr=0.05, momentum=0.8, weight_decay=0.01, codec=SPEC,  # noqa: E731
@@ -275,6 +289,10 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
                                            compress="update", factor_masking=True, sparsity_warmup=4,
                                            sparsity_start=0.4, sparsity_stages=2)
     out["resume/update"] = resume(mk_update, rank, 12, 6)
+    mk_update = lambda ps: CompressedAdamW(ps, lr=lr, codec="topk:density=0.1", warmup_codec=None,  # noqa: E731
+                                           min_warmup_steps=2, max_warmup_steps=2, variance_refresh=0,
+                                           compress="update", factor_masking=True, local_variance=True)
+    out["resume/lvar"] = resume(mk_update, rank, 10, 5)
     mk_dgc = lambda ps: CompressedSGD(ps, lr=0.05, momentum=0.8, codec=SPEC, warmup_steps=2,  # noqa: E731
                                       momentum_correction=True, clip_norm=clip, sparsity_warmup=4,
                                       sparsity_start=0.3, sparsity_stages=2)

@@ -34,9 +34,10 @@ def test_innovation_equals_the_plain_loop(three_ranks):
         assert r["innovation/err_vs_momentum"] > 1e-3, r["innovation/err_vs_momentum"]
 
 
-@pytest.mark.parametrize("masking", [False, True])
+@pytest.mark.parametrize("masking", [False, True, "lvar"])
 def test_update_mode_equals_the_plain_loop(three_ranks, masking):
     for r in three_ranks:
+        # (lvar: masking and each rank's own variance, against the frozen one)
         assert r[f"update/{masking}/identical"]
         assert r[f"update/{masking}/err"] < 1e-6, r[f"update/{masking}/err"]
         assert r[f"update/{masking}/err_vs_other"] > 1e-4, r[f"update/{masking}/err_vs_other"]
@@ -69,7 +70,7 @@ def test_the_residual_carries_across_density_changes(three_ranks):
         assert r["conserve/False"] > 1e-2, r["conserve/False"]  # a dropped residual breaks it
 
 
-@pytest.mark.parametrize("which", ["innovation", "update", "dgc"])
+@pytest.mark.parametrize("which", ["innovation", "update", "lvar", "dgc"])
 def test_resume_is_bit_identical(three_ranks, which):
     for r in three_ranks:
         assert r[f"resume/{which}"]["same"]
@@ -100,6 +101,7 @@ def test_local_clipping_in_the_full_precision_stage_is_clip_grad_norm():
 
 @pytest.mark.parametrize("cls, kwargs, match", [
     (CompressedAdamW, {"compress": "gradient"}, "compress"),
+    (CompressedAdamW, {"local_variance": True}, "local_variance"),
     (CompressedAdamW, {"codec": "onebit", "sparsity_warmup": 10}, "top-k"),
     (CompressedAdamW, {"codec": "topk:k=5", "sparsity_warmup": 10}, "top-k"),
     (CompressedAdamW, {"codec": "topk:density=0.01", "sparsity_warmup": 10, "sparsity_start": 2.0}, "sparsity_start"),

@@ -31,7 +31,8 @@ Methods (compared with fp32):
                              mode=innovation (send the change of each rank's own momentum,
                              EF21 / LoCo style), mode=update (send each rank's Adam step with
                              error feedback: DGC's momentum correction; mask=1 adds factor
-                             masking); default mode=momentum,
+                             masking, lvar=1 each rank's own variance, never frozen);
+                             default mode=momentum,
                              sw=N,sws=X,stages=K (DGC's sparsity warm-up: top-k's density from
                              X, default 0.25, down to the codec's over the first N compressed
                              steps in K stages, default 4), clip=X (DGC's local gradient clipping)
@@ -322,6 +323,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
             kw["sparsity_stages"] = int(opts["stages"])
         if "clip" in opts:
             kw["clip_norm"] = float(opts["clip"])
+        if "lvar" in opts:  # mode=update: each rank's own second moment, never frozen
+            kw["local_variance"] = opts["lvar"] in ("1", "on", "true")
         if "mask" in opts:  # DGC's momentum factor masking (mode=update)
             kw["factor_masking"] = opts["mask"] in ("1", "on", "true")
         ddp = DDP(net)

@@ -457,7 +457,11 @@ class CompressedAdamW(_CompressedMomentum):
             not sent now is sent later, so m follows the ranks' average
             momentum, every coordinate dense (stale where not sent), which is
             what Adam's per-coordinate division needs (EF21 / LoCo's idea for
-            top-k). One more buffer of n floats per rank.
+            top-k). One more buffer of n floats per rank. ``"update"``: DGC's
+            momentum correction with Adam's preconditioner: each rank keeps
+            its own momentum m_r of its own gradients and sends its step
+            x_r = lr (m_r / bc1) / d with error feedback; p = p (1 - lr wd) -
+            avg_ranks C(x_r): what is not sent now is applied later.
         sparsity_warmup, sparsity_start, sparsity_stages: DGC's sparsity
             warm-up for a ``topk:density=D`` codec: over the first
             sparsity_warmup compressed steps the density decays
@@ -466,6 +470,14 @@ class CompressedAdamW(_CompressedMomentum):
             sparsity_start x (D / sparsity_start)^(s / stages)); the server
             codec follows when it is the codec. The error feedback's
             residuals carry across each change. 0 (default): none.
+        factor_masking: with compress="update", DGC's momentum factor
+            masking: this rank's own momentum is zeroed where it sent.
+        local_variance: with compress="update", each rank's step uses the
+            second moment of its own gradients, updated every step (never
+            frozen: a coordinate whose gradient was tiny through the
+            full-precision stage does not take a huge step when it grows);
+            the ranks' parameters stay identical (only the decoded average
+            of the steps is applied).
         clip_norm: DGC's local gradient clipping: the averaged gradient's L2
             norm is clipped at clip_norm in full-precision steps, each
             rank's own at clip_norm / sqrt(P) in compressed steps (None:
@@ -485,7 +497,8 @@ class CompressedAdamW(_CompressedMomentum):
                  variance_tolerance: float = 0.5, check_every: int = 10, variance_refresh: int = 20,
                  process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24,
                  compress: str = "momentum", sparsity_warmup: int = 0, sparsity_start: float = 0.25,
-                 sparsity_stages: int = 4, clip_norm: Optional[float] = None, factor_masking: bool = False) -> None:
+                 sparsity_stages: int = 4, clip_norm: Optional[float] = None, factor_masking: bool = False,
+                 local_variance: bool = False) -> None:
         if compress not in ("momentum", "innovation", "update"):
             raise ValueError(f"compress must be 'momentum', 'innovation' or 'update', got {compress!r}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -504,6 +517,9 @@ class CompressedAdamW(_CompressedMomentum):
                          sparsity_start=sparsity_start, sparsity_stages=sparsity_stages, clip_norm=clip_norm)
         self.compress = compress
         self.factor_masking = bool(factor_masking)
+        if local_variance and compress != "update":
+            raise ValueError("local_variance needs compress='update' (each rank's own step)")
+        self.local_variance = bool(local_variance)
         self.min_warmup_steps = min_warmup_steps
         self.max_warmup_steps = max_warmup_steps
         self.variance_tolerance = float(variance_tolerance)
@@ -610,8 +626,11 @@ class CompressedAdamW(_CompressedMomentum):
         feedback (what is not sent now is applied later, not dropped);
         p = p (1 - lr wd) - avg_ranks C(x_r); with factor masking m_r = 0
         where this rank sent."""
-        b1, _ = self._betas()
+        b1, b2 = self._betas()
         self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
+        if self.local_variance:  # this rank's own Adam: the variance of its own gradients, never frozen
+            self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            self._refreshed()
         bc1 = 1.0 - b1 ** self._step
         torch.div(self._mloc, self._denom, out=g)
         for grp, lo, hi in self._groups():
@@ -640,6 +659,7 @@ class CompressedAdamW(_CompressedMomentum):
         state = super().state_dict()
         state["compress"] = self.compress
         state["factor_masking"] = self.factor_masking
+        state["local_variance"] = self.local_variance
         state["snapshot"] = self._snapshot.clone()
         state["variance_change"] = self.variance_change
         return state
@@ -648,6 +668,9 @@ class CompressedAdamW(_CompressedMomentum):
         if isinstance(state, dict) and state.get("compress", "momentum") != self.compress:
             raise ValueError(f"the state_dict was saved with compress={state.get('compress', 'momentum')!r}, this "
                              f"optimizer has {self.compress!r}")
+        if isinstance(state, dict) and state.get("local_variance", False) != self.local_variance:
+            raise ValueError(f"the state_dict was saved with local_variance={state.get('local_variance')!r}, this "
+                             f"optimizer has {self.local_variance!r}")
         if isinstance(state, dict) and state.get("factor_masking", False) != self.factor_masking:
             raise ValueError(f"the state_dict was saved with factor_masking={state.get('factor_masking')!r}, this "
                              f"optimizer has {self.factor_masking!r}")
