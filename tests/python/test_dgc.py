@@ -85,6 +85,17 @@ def test_density_schedule_without_ranks():
     assert CompressedAdamW(cm_workers.make_model(0).parameters(), codec="onebit").density_at(0) is None
 
 
+def test_a_topk_server_codec_scales_with_the_sparsity_warmup():
+    opt = CompressedAdamW(cm_workers.make_model(0).parameters(), codec="topk:density=0.01", sparsity_warmup=4,
+                          sparsity_start=0.04, sparsity_stages=2, server_codec="topk:density=0.03")
+    assert [(c.spec, s) for c, s in (opt._codec_at(j) for j in (0, 2, 4))] == [
+        ("topk:density=0.04", "topk:density=0.12"), ("topk:density=0.02", "topk:density=0.06"),
+        ("topk:density=0.01", "topk:density=0.03")]
+    opt = CompressedAdamW(cm_workers.make_model(0).parameters(), codec="topk:density=0.01", sparsity_warmup=4,
+                          sparsity_start=0.04, server_codec="fp16")
+    assert opt._codec_at(0)[1] == "fp16"
+
+
 def test_local_clipping_in_the_full_precision_stage_is_clip_grad_norm():
     m1, m2 = cm_workers.make_model(0), cm_workers.make_model(0)
     a = CompressedSGD(m1.parameters(), lr=0.1, momentum=0.9, warmup_steps=1000, clip_norm=0.05)

@@ -308,13 +308,22 @@ class _CompressedMomentum(torch.optim.Optimizer):
     def _codec_at(self, compressed_step: int) -> Tuple[Codec, str]:
         """(codec, server codec spec) of a compressed step: the codec's own
         after the sparsity warm-up; during it, top-k at density_at(), and the
-        server codec too when it is the codec itself (the default)."""
+        server codec too when it is the codec itself (the default), or a
+        top-k server codec's density scaled by the same factor."""
         if compressed_step >= self.sparsity_warmup:
             return self.codec, self.server_codec
-        spec = _with_density(self.codec.spec, self.density_at(compressed_step))  # type: ignore[arg-type]
+        density = self.density_at(compressed_step)
+        spec = _with_density(self.codec.spec, density)  # type: ignore[arg-type]
         if spec not in self._codecs:
             self._codecs[spec] = Codec(spec)
-        return self._codecs[spec], spec if self.server_codec == self.codec.spec else self.server_codec
+        if self.server_codec == self.codec.spec:
+            return self._codecs[spec], spec
+        server = _topk_density(self.server_codec)
+        if server is None:
+            return self._codecs[spec], self.server_codec
+        # A top-k server codec of its own density scales with the codec's.
+        scale = density / _topk_density(self.codec.spec)  # type: ignore[operator]
+        return self._codecs[spec], _with_density(self.server_codec, min(1.0, server * scale))
 
     def _clip(self, g: torch.Tensor, scale: float) -> None:
         """g's L2 norm clipped at clip_norm x scale (no-op without clip_norm)."""
@@ -840,9 +849,14 @@ def _ef_respec(ef: Any, spec: str) -> Any:
     changes top-k's density, and the residual carries on. Written in the
     saved format's version 1 (the same fields, no checksum), which restore()
     still reads and checks field by field."""
+    import numpy as np
+
     import gradzip
 
     head, worker, server = _ef_parse(ef)
+    if not (np.isfinite(worker).all() and np.isfinite(server).all()):
+        raise FloatingPointError("the error feedback's residual holds NaN or infinite values at a change of "
+                                 "top-k's density: the training diverged before it")
     enc = spec.encode("ascii")
     data = (struct.pack("<III", _EF_MAGIC, 1, len(enc)) + enc +
             struct.pack("<QIIBQQ", head["n"], head["rank"], head["world"], head["algorithm"], worker.size,
