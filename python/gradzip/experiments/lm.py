@@ -28,7 +28,15 @@ Methods (compared with fp32):
                              Adam / 0/1 Adam family): options warmup=N (max full-precision
                              steps), min=N, tol=X (the variance criterion), server=<spec>,
                              wcodec=<spec> (the warm-up's gradient codec; none: fp32),
-                             refresh=R (variance refreshes R, 3R, 7R, ... steps after)
+                             refresh=R (variance refreshes R, 3R, 7R, ... steps after),
+                             mode=innovation (send the change of each rank's own momentum,
+                             EF21 / LoCo style), mode=update (send each rank's Adam step with
+                             error feedback: DGC's momentum correction; mask=1 adds factor
+                             masking, lvar=1 each rank's own variance, never frozen);
+                             default mode=momentum,
+                             sw=N,sws=X,stages=K (DGC's sparsity warm-up: top-k's density from
+                             X, default 0.25, down to the codec's over the first N compressed
+                             steps in K stages, default 4), clip=X (DGC's local gradient clipping)
     <spec>@bmuf:h=H[,...]    no DDP: block momentum (gradzip.torch.BlockMomentum) around
                              AdamW, options as in the digits experiment (mu, lr, sync,
                              nesterov, ...) and: eval=ahead (evaluate the look-ahead
@@ -306,6 +314,20 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
             kw["variance_tolerance"] = float(opts["tol"])
         if "server" in opts:
             kw["server_codec"] = opts["server"]
+        if "mode" in opts:  # momentum | innovation (what travels: the momentum, or its change)
+            kw["compress"] = opts["mode"]
+        if "sw" in opts:  # DGC's sparsity warm-up: compressed steps, start density, stages
+            kw["sparsity_warmup"] = int(opts["sw"])
+        if "sws" in opts:
+            kw["sparsity_start"] = float(opts["sws"])
+        if "stages" in opts:
+            kw["sparsity_stages"] = int(opts["stages"])
+        if "clip" in opts:
+            kw["clip_norm"] = float(opts["clip"])
+        if "lvar" in opts:  # mode=update: each rank's own second moment, never frozen
+            kw["local_variance"] = opts["lvar"] in ("1", "on", "true")
+        if "mask" in opts:  # DGC's momentum factor masking (mode=update)
+            kw["factor_masking"] = opts["mask"] in ("1", "on", "true")
         ddp = DDP(net)
         opt = CompressedAdamW(ddp.parameters(), lr=settings.lr, betas=settings.betas,
                               weight_decay=settings.weight_decay, codec=spec, **kw)

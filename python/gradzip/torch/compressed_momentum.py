@@ -37,6 +37,7 @@ continues bit-identically.
 
 import logging
 import math
+import struct
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -60,7 +61,8 @@ class _CompressedMomentum(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], defaults: Dict[str, Any], *, codec: Union[str, Codec],
                  server_codec: Optional[str], warmup_codec: Optional[str], process_group: Any, transport: str,
-                 bucket_elements: int) -> None:
+                 bucket_elements: int, sparsity_warmup: int = 0, sparsity_start: float = 0.25,
+                 sparsity_stages: int = 4, clip_norm: Optional[float] = None) -> None:
         super().__init__(params, defaults)
         if not isinstance(bucket_elements, int) or isinstance(bucket_elements, bool) or bucket_elements < 1:
             raise ValueError(f"bucket_elements must be an integer >= 1, got {bucket_elements!r}")
@@ -73,6 +75,30 @@ class _CompressedMomentum(torch.optim.Optimizer):
         # The full-precision stage's gradient exchange: None (or "none") is
         # fp32 (DDP's allreduce); a codec sends it two-phase with error feedback.
         self.warmup_codec = None if warmup_codec in (None, "none") else Codec(warmup_codec)
+        # DGC's sparsity warm-up: top-k's density decays exponentially from
+        # sparsity_start to the codec's own over the first sparsity_warmup
+        # compressed steps, in sparsity_stages equal stages.
+        for name, v, low in (("sparsity_warmup", sparsity_warmup, 0), ("sparsity_stages", sparsity_stages, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        self.sparsity_warmup = sparsity_warmup
+        self.sparsity_start = float(sparsity_start)
+        self.sparsity_stages = sparsity_stages
+        if sparsity_warmup:
+            final = _topk_density(self.codec.spec)
+            if final is None:
+                raise ValueError(f"sparsity_warmup needs a top-k codec with a density (topk:density=D), got "
+                                 f"{self.codec.spec!r}")
+            if not (final <= self.sparsity_start <= 1.0):
+                raise ValueError(f"sparsity_start must be in [{final:g}, 1] (the codec's density to all), got "
+                                 f"{sparsity_start!r}")
+        # Local gradient clipping (DGC): the gradient's L2 norm is clipped at
+        # clip_norm when averaged (full-precision stage), and each rank's own
+        # at clip_norm / sqrt(P) when it is not (compressed stage).
+        if clip_norm is not None and not (clip_norm > 0.0 and math.isfinite(clip_norm)):
+            raise ValueError(f"clip_norm must be a positive number or None, got {clip_norm!r}")
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self._codecs: Dict[str, Codec] = {self.codec.spec: self.codec}
         self.process_group = process_group
         self.transport = transport
         self.bucket_elements = bucket_elements
@@ -172,12 +198,14 @@ class _CompressedMomentum(torch.optim.Optimizer):
                     dist.all_reduce(self._g, group=self.process_group)
                     self._g.mul_(1.0 / p_ranks)
                 self._stats["dense_wire_bytes"] += 4.0 * self._n * 2 * (p_ranks - 1) / p_ranks
+            self._clip(self._g, 1.0)
             self._full_precision_step(self._g)
             if not self.compressing and self._should_freeze():
                 self._freeze()
             elif self.compressing:
                 self._refreshed()
         else:
+            self._clip(self._g, 1.0 / math.sqrt(p_ranks))
             self._compressed_step(self._g)
         return loss
 
@@ -194,6 +222,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
             "warmup_codec": self.warmup_codec.spec if self.warmup_codec is not None else None,
             "elements": self._n,
             "world_size": self._world,
+            "sparsity": [self.sparsity_warmup, self.sparsity_start, self.sparsity_stages],
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
             "step": self._step,
             "frozen_at": self._frozen_at,
@@ -208,8 +237,9 @@ class _CompressedMomentum(torch.optim.Optimizer):
             raise ValueError(f"not a gradzip {type(self).__name__} state_dict (version {_STATE_VERSION})")
         for key, mine in (("codec", self.codec.spec), ("server_codec", self.server_codec), ("elements", self._n),
                           ("world_size", self._world),
-                          ("warmup_codec", self.warmup_codec.spec if self.warmup_codec is not None else None)):
-            if state.get(key) != mine:
+                          ("warmup_codec", self.warmup_codec.spec if self.warmup_codec is not None else None),
+                          ("sparsity", [self.sparsity_warmup, self.sparsity_start, self.sparsity_stages])):
+            if state.get(key, [0, 0.25, 4] if key == "sparsity" else None) != mine:
                 raise ValueError(f"the state_dict was saved with {key}={state.get(key)!r}, this optimizer has "
                                  f"{mine!r}")
         if len(state["param_groups"]) != len(self.param_groups):
@@ -259,9 +289,63 @@ class _CompressedMomentum(torch.optim.Optimizer):
         return {"m": self._m}
 
     def _average_compressed_(self, flat: torch.Tensor) -> None:
-        """flat (this rank's momentum) becomes the ranks' average, two-phase compressed."""
-        self._stats["wire_bytes"] += self._exchange(flat, self.codec, self._ef, self.server_codec)
+        """flat (this rank's momentum) becomes the ranks' average, two-phase
+        compressed, at the sparsity warm-up's density for this compressed step."""
+        codec, server = self._codec_at(int(self._stats["compressed_steps"]))
+        self._stats["wire_bytes"] += self._exchange(flat, codec, self._ef, server)
         self._stats["compressed_steps"] += 1
+
+    def density_at(self, compressed_step: int) -> Optional[float]:
+        """Top-k's density at the `compressed_step`-th (0-based) compressed
+        step: sparsity_start x (d / sparsity_start)^(s / stages) in stage s of
+        the sparsity warm-up, d (the codec's) after it; None for other codecs."""
+        final = _topk_density(self.codec.spec)
+        if final is None or compressed_step >= self.sparsity_warmup:
+            return final
+        stage = compressed_step * self.sparsity_stages // self.sparsity_warmup
+        return self.sparsity_start * (final / self.sparsity_start) ** (stage / self.sparsity_stages)
+
+    def _codec_at(self, compressed_step: int) -> Tuple[Codec, str]:
+        """(codec, server codec spec) of a compressed step: the codec's own
+        after the sparsity warm-up; during it, top-k at density_at(), and the
+        server codec too when it is the codec itself (the default), or a
+        top-k server codec's density scaled by the same factor."""
+        if compressed_step >= self.sparsity_warmup:
+            return self.codec, self.server_codec
+        density = self.density_at(compressed_step)
+        spec = _with_density(self.codec.spec, density)  # type: ignore[arg-type]
+        if spec not in self._codecs:
+            self._codecs[spec] = Codec(spec)
+        if self.server_codec == self.codec.spec:
+            return self._codecs[spec], spec
+        server = _topk_density(self.server_codec)
+        if server is None:
+            return self._codecs[spec], self.server_codec
+        # A top-k server codec of its own density scales with the codec's.
+        scale = density / _topk_density(self.codec.spec)  # type: ignore[operator]
+        return self._codecs[spec], _with_density(self.server_codec, min(1.0, server * scale))
+
+    def _clip(self, g: torch.Tensor, scale: float) -> None:
+        """g's L2 norm clipped at clip_norm x scale (no-op without clip_norm)."""
+        if self.clip_norm is None:
+            return
+        norm = float(torch.linalg.vector_norm(g))
+        limit = self.clip_norm * scale
+        if norm > limit:
+            g.mul_(limit / norm)
+
+    def _sent_mask(self) -> torch.Tensor:
+        """After a compressed exchange: True where this rank sent its whole
+        accumulated value (the worker residual is exactly zero there: top-k's
+        sent coordinates). DGC's momentum factor masking zeroes the local
+        momentum there."""
+        masks = []
+        for ef in self._ef:
+            _, worker, _ = _ef_parse(ef)
+            masks.append(torch.from_numpy(worker == 0))
+        if not masks:  # one rank: nothing travels, everything counts as sent
+            return torch.ones(self._n, dtype=torch.bool, device=self._m.device)
+        return torch.cat(masks).to(self._m.device)
 
     def _exchange(self, flat: torch.Tensor, codec: Codec, efs: List[Any], server: Optional[str] = None) -> float:
         """flat becomes the ranks' average through gradzip's two-phase allreduce
@@ -279,6 +363,8 @@ class _CompressedMomentum(torch.optim.Optimizer):
             efs.append(gradzip.ErrorFeedback())
         sent = 0.0
         for i, lo in enumerate(buckets):
+            if efs[i].bound and efs[i].spec != codec.spec:  # the sparsity warm-up's next density
+                efs[i] = _ef_respec(efs[i], codec.spec)
             stats = self._comm.allreduce(flat[lo:lo + self.bucket_elements], codec, efs[i], op="avg",
                                          algorithm="scatter_reduce", server_codec=server or codec.spec)
             sent += stats["wire_bytes"]
@@ -370,6 +456,41 @@ class CompressedAdamW(_CompressedMomentum):
             (the group itself) or ``"gradzip"`` (UCX/NCCL).
         bucket_elements: the momentum travels in buffers of at most this many
             elements, each with its own error feedback (default 2**24).
+        compress: what travels in the compressed stage. ``"momentum"``
+            (default): each rank's momentum, whose decoded average replaces
+            it (with top-k the averaged momentum is sparse: the coordinates
+            not sent drop to zero). ``"innovation"``: each rank keeps its own
+            momentum m_r = beta1 m_r + (1 - beta1) g_r (from the shared one at
+            the freeze) and sends its change d_r = (1 - beta1)(g_r - m_r) with
+            error feedback; the shared momentum m += avg_ranks C(d_r). What is
+            not sent now is sent later, so m follows the ranks' average
+            momentum, every coordinate dense (stale where not sent), which is
+            what Adam's per-coordinate division needs (EF21 / LoCo's idea for
+            top-k). One more buffer of n floats per rank. ``"update"``: DGC's
+            momentum correction with Adam's preconditioner: each rank keeps
+            its own momentum m_r of its own gradients and sends its step
+            x_r = lr (m_r / bc1) / d with error feedback; p = p (1 - lr wd) -
+            avg_ranks C(x_r): what is not sent now is applied later.
+        sparsity_warmup, sparsity_start, sparsity_stages: DGC's sparsity
+            warm-up for a ``topk:density=D`` codec: over the first
+            sparsity_warmup compressed steps the density decays
+            exponentially from sparsity_start (default 0.25) to D in
+            sparsity_stages equal stages (default 4; stage s:
+            sparsity_start x (D / sparsity_start)^(s / stages)); the server
+            codec follows when it is the codec. The error feedback's
+            residuals carry across each change. 0 (default): none.
+        factor_masking: with compress="update", DGC's momentum factor
+            masking: this rank's own momentum is zeroed where it sent.
+        local_variance: with compress="update", each rank's step uses the
+            second moment of its own gradients, updated every step (never
+            frozen: a coordinate whose gradient was tiny through the
+            full-precision stage does not take a huge step when it grows);
+            the ranks' parameters stay identical (only the decoded average
+            of the steps is applied).
+        clip_norm: DGC's local gradient clipping: the averaged gradient's L2
+            norm is clipped at clip_norm in full-precision steps, each
+            rank's own at clip_norm / sqrt(P) in compressed steps (None:
+            none, the default).
 
     Raises:
         ValueError: a bad argument (the message says why).
@@ -383,7 +504,12 @@ class CompressedAdamW(_CompressedMomentum):
                  server_codec: Optional[str] = None, warmup_codec: Optional[str] = "fp8",
                  min_warmup_steps: int = 20, max_warmup_steps: int = 100,
                  variance_tolerance: float = 0.5, check_every: int = 10, variance_refresh: int = 20,
-                 process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24) -> None:
+                 process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24,
+                 compress: str = "momentum", sparsity_warmup: int = 0, sparsity_start: float = 0.25,
+                 sparsity_stages: int = 4, clip_norm: Optional[float] = None, factor_masking: bool = False,
+                 local_variance: bool = False) -> None:
+        if compress not in ("momentum", "innovation", "update"):
+            raise ValueError(f"compress must be 'momentum', 'innovation' or 'update', got {compress!r}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {betas!r}")
         for name, v in (("min_warmup_steps", min_warmup_steps), ("max_warmup_steps", max_warmup_steps),
@@ -396,7 +522,13 @@ class CompressedAdamW(_CompressedMomentum):
             raise ValueError(f"variance_tolerance must be >= 0, got {variance_tolerance!r}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), codec=codec,
                          server_codec=server_codec, warmup_codec=warmup_codec, process_group=process_group,
-                         transport=transport, bucket_elements=bucket_elements)
+                         transport=transport, bucket_elements=bucket_elements, sparsity_warmup=sparsity_warmup,
+                         sparsity_start=sparsity_start, sparsity_stages=sparsity_stages, clip_norm=clip_norm)
+        self.compress = compress
+        self.factor_masking = bool(factor_masking)
+        if local_variance and compress != "update":
+            raise ValueError("local_variance needs compress='update' (each rank's own step)")
+        self.local_variance = bool(local_variance)
         self.min_warmup_steps = min_warmup_steps
         self.max_warmup_steps = max_warmup_steps
         self.variance_tolerance = float(variance_tolerance)
@@ -406,6 +538,7 @@ class CompressedAdamW(_CompressedMomentum):
         self.variance_refresh = variance_refresh
         self._v = torch.zeros_like(self._m)
         self._denom = torch.empty(0, device=self._m.device)  # frozen sqrt(v / bc2) + eps
+        self._mloc = torch.empty(0, device=self._m.device)  # innovation: this rank's own momentum
         self._snapshot = torch.empty(0, device=self._m.device)  # v / bc2 at the last check
         self.variance_change = math.nan  # at the last check
 
@@ -416,6 +549,16 @@ class CompressedAdamW(_CompressedMomentum):
     def _full_precision_step(self, g: torch.Tensor) -> None:
         b1, b2 = self._betas()
         t = self._step
+        if self.compress == "update" and self.compressing:
+            # A variance refresh in update mode: the variance from the averaged
+            # gradient, then the step as a compressed one (the ranks' own
+            # momenta take the averaged gradient).
+            self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            self._refreshed()
+            self._update_step(g)
+            return
+        if self._mloc.numel():  # a variance refresh in innovation mode: the ranks' own momenta too
+            self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
         self._m.mul_(b1).add_(g, alpha=1.0 - b1)
         self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
         bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
@@ -444,6 +587,8 @@ class CompressedAdamW(_CompressedMomentum):
         for grp, lo, hi in self._groups():
             torch.div(self._v[lo:hi], 1.0 - b2 ** self._step, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
         self._snapshot = torch.empty(0, device=self._m.device)
+        if self.compress in ("innovation", "update"):
+            self._mloc = self._m.clone()
         super()._freeze()
 
     def _full_precision_at(self, step: int) -> bool:
@@ -464,31 +609,86 @@ class CompressedAdamW(_CompressedMomentum):
 
     def _compressed_step(self, g: torch.Tensor) -> None:
         b1, _ = self._betas()
-        self._m.mul_(b1).add_(g, alpha=1.0 - b1)
-        self._average_compressed_(self._m)
+        if self.compress == "update":
+            self._update_step(g)
+            return
+        if self.compress == "innovation":
+            # This rank's own momentum m_r = beta1 m_r + (1 - beta1) g_r moves
+            # by d_r = (1 - beta1)(g_r - m_r); the shared momentum by the
+            # ranks' average of C(d_r) (error feedback: what is not sent now
+            # is sent later, the sum exact). Coordinates not sent keep their
+            # shared momentum; the sent ones catch up with the ranks' own.
+            g.sub_(self._mloc).mul_(1.0 - b1)
+            self._mloc.add_(g)
+            self._average_compressed_(g)
+            self._m.add_(g)
+        else:
+            self._m.mul_(b1).add_(g, alpha=1.0 - b1)
+            self._average_compressed_(self._m)
         torch.div(self._m, self._denom, out=self._g)
         self._apply(self._g, 1.0 / (1.0 - b1 ** self._step))
+
+    def _update_step(self, g: torch.Tensor) -> None:
+        """update mode: DGC's momentum correction with Adam's frozen
+        preconditioner. This rank's own momentum m_r = beta1 m_r + (1 -
+        beta1) g_r; its step x_r = lr (m_r / bc1) / d is sent with error
+        feedback (what is not sent now is applied later, not dropped);
+        p = p (1 - lr wd) - avg_ranks C(x_r); with factor masking m_r = 0
+        where this rank sent."""
+        b1, b2 = self._betas()
+        self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
+        if self.local_variance:  # this rank's own Adam: the variance of its own gradients, never frozen
+            self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            self._refreshed()
+        bc1 = 1.0 - b1 ** self._step
+        torch.div(self._mloc, self._denom, out=g)
+        for grp, lo, hi in self._groups():
+            g[lo:hi].mul_(grp["lr"] / bc1)
+        self._average_compressed_(g)
+        if self.factor_masking:
+            self._mloc.masked_fill_(self._sent_mask(), 0.0)
+        for p, lo, hi, grp in self._param_slices():
+            if grp["weight_decay"]:
+                p.mul_(1.0 - grp["lr"] * grp["weight_decay"])
+            p.sub_(g[lo:hi].view_as(p))
 
     def _buffers(self, create: bool = False) -> Dict[str, torch.Tensor]:
         if create and self._frozen_at and self._denom.numel() != self._n:
             self._denom = torch.empty_like(self._v)
+        if create and self._frozen_at and self.compress != "momentum" and self._mloc.numel() != self._n:
+            self._mloc = torch.empty_like(self._v)
         out = {"m": self._m, "v": self._v}
         if self._denom.numel():
             out["denom"] = self._denom
+        if self._mloc.numel():
+            out["m_local"] = self._mloc
         return out
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
         state = super().state_dict()
+        state["compress"] = self.compress
+        state["factor_masking"] = self.factor_masking
+        state["local_variance"] = self.local_variance
         state["snapshot"] = self._snapshot.clone()
         state["variance_change"] = self.variance_change
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:  # type: ignore[override]
+        if isinstance(state, dict) and state.get("compress", "momentum") != self.compress:
+            raise ValueError(f"the state_dict was saved with compress={state.get('compress', 'momentum')!r}, this "
+                             f"optimizer has {self.compress!r}")
+        if isinstance(state, dict) and state.get("local_variance", False) != self.local_variance:
+            raise ValueError(f"the state_dict was saved with local_variance={state.get('local_variance')!r}, this "
+                             f"optimizer has {self.local_variance!r}")
+        if isinstance(state, dict) and state.get("factor_masking", False) != self.factor_masking:
+            raise ValueError(f"the state_dict was saved with factor_masking={state.get('factor_masking')!r}, this "
+                             f"optimizer has {self.factor_masking!r}")
         super().load_state_dict(state)
         self._snapshot = state["snapshot"].clone().to(self._m.device)
         self.variance_change = float(state["variance_change"])
         if not self._frozen_at:
             self._denom = torch.empty(0, device=self._m.device)
+            self._mloc = torch.empty(0, device=self._m.device)
 
 
 class CompressedSGD(_CompressedMomentum):
@@ -500,6 +700,16 @@ class CompressedSGD(_CompressedMomentum):
     compressed, g this rank's: m = avg_ranks(mu m + g + wd p), compressed;
     then p = p - lr m. Usage and the other arguments as
     :class:`CompressedAdamW`.
+
+    ``momentum_correction=True`` is Deep Gradient Compression (Lin et al.,
+    arXiv 1712.01887) for top-k: the momentum stays each rank's own, u = mu
+    u + g + wd p (g clipped locally with ``clip_norm``), the exchange's
+    worker error feedback is DGC's accumulator v (v += u; top-k of v is
+    sent, v = 0 there), the decoded average is the step, p = p - lr
+    avg_ranks(sent); and with ``factor_masking`` (default True) u = 0 where
+    this rank sent (DGC's momentum factor masking: the worker residual is
+    exactly zero at those coordinates). ``sparsity_warmup`` as for
+    :class:`CompressedAdamW`.
     """
 
     _KIND = "sgd"
@@ -507,14 +717,19 @@ class CompressedSGD(_CompressedMomentum):
     def __init__(self, params: Iterable[Any], lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0,
                  *, codec: Union[str, Codec] = "onebit", server_codec: Optional[str] = None, warmup_steps: int = 10,
                  warmup_codec: Optional[str] = None, process_group: Any = None, transport: str = "torch",
-                 bucket_elements: int = 1 << 24) -> None:
+                 bucket_elements: int = 1 << 24, momentum_correction: bool = False, factor_masking: bool = True,
+                 sparsity_warmup: int = 0, sparsity_start: float = 0.25, sparsity_stages: int = 4,
+                 clip_norm: Optional[float] = None) -> None:
         if not (0.0 <= momentum < 1.0):
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay), codec=codec,
                          server_codec=server_codec, warmup_codec=warmup_codec, process_group=process_group,
-                         transport=transport, bucket_elements=bucket_elements)
+                         transport=transport, bucket_elements=bucket_elements, sparsity_warmup=sparsity_warmup,
+                         sparsity_start=sparsity_start, sparsity_stages=sparsity_stages, clip_norm=clip_norm)
+        self.momentum_correction = bool(momentum_correction)
+        self.factor_masking = bool(factor_masking)
         self.warmup_steps = warmup_steps
         if warmup_steps == 0:
             self._frozen_at = -1  # compressed from the first step
@@ -543,8 +758,31 @@ class CompressedSGD(_CompressedMomentum):
 
     def _compressed_step(self, g: torch.Tensor) -> None:
         self._momentum(g)
-        self._average_compressed_(self._m)
-        self._descend()
+        if not self.momentum_correction:
+            self._average_compressed_(self._m)
+            self._descend()
+            return
+        # DGC: the momentum stays this rank's (u = mu u + g); the exchange's
+        # error feedback accumulates it (v = v + u) and sends top-k of v; the
+        # decoded average is the step. Factor masking: u = 0 where v was sent.
+        g.copy_(self._m)
+        self._average_compressed_(g)
+        if self.factor_masking:
+            self._m.masked_fill_(self._sent_mask(), 0.0)
+        for p, lo, hi, grp in self._param_slices():
+            p.add_(g[lo:hi].view_as(p), alpha=-grp["lr"])
+
+    def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
+        state = super().state_dict()
+        state["dgc"] = [self.momentum_correction, self.factor_masking]
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:  # type: ignore[override]
+        mine = [self.momentum_correction, self.factor_masking]
+        if isinstance(state, dict) and state.get("dgc", [False, True]) != mine:
+            raise ValueError(f"the state_dict was saved with momentum_correction, factor_masking = "
+                             f"{state.get('dgc', [False, True])!r}, this optimizer has {mine!r}")
+        super().load_state_dict(state)
 
 
 def _ddp_hook(opt: _CompressedMomentum, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -558,3 +796,71 @@ def _ddp_hook(opt: _CompressedMomentum, bucket: dist.GradBucket) -> torch.future
     buffer.mul_(1.0 / opt._world)
     work = dist.all_reduce(buffer, group=opt.process_group, async_op=True)
     return work.get_future().then(lambda f: f.value()[0])
+
+
+# -- top-k density and error-feedback helpers (DGC's sparsity warm-up, factor masking) --
+
+
+def _topk_density(spec: str) -> Optional[float]:
+    """The density of a canonical ``topk:density=...`` spec; None for any other codec (or ``k=``)."""
+    name, _, opts = spec.partition(":")
+    if name != "topk":
+        return None
+    for item in opts.split(","):
+        key, _, value = item.partition("=")
+        if key == "density":
+            return float(value)
+    return None
+
+
+def _with_density(spec: str, density: float) -> str:
+    """`spec` (a canonical topk spec with a density) with another density, canonical."""
+    name, _, opts = spec.partition(":")
+    items = [f"density={density:.6g}" if i.startswith("density=") else i for i in opts.split(",")]
+    return Codec(f"{name}:{','.join(items)}").spec
+
+
+_EF_MAGIC = 0x46455A47  # "GZEF": comm/engine/error_feedback.cc's saved format
+
+
+def _ef_parse(ef: Any) -> Tuple[Dict[str, Any], "np.ndarray", "np.ndarray"]:
+    """(header fields, worker residual, server residual) of a bound collective
+    ErrorFeedback, read from its saved bytes (version 2: u32 magic, u32
+    version, u32 spec bytes, spec, u64 n, u32 rank, u32 world, u8 algorithm,
+    u64 worker count, u64 server count, the residuals as f32, u64 checksum)."""
+    import numpy as np
+
+    data = bytes(ef.state_dict()["data"])
+    magic, version, k = struct.unpack_from("<III", data, 0)
+    if magic != _EF_MAGIC or version != 2:
+        raise RuntimeError(f"unexpected saved error feedback format (magic {magic:#x}, version {version})")
+    pos = 12 + k
+    spec = data[12:pos].decode("ascii")
+    n, rank, world, algo, wc, sc = struct.unpack_from("<QIIBQQ", data, pos)
+    pos += struct.calcsize("<QIIBQQ")
+    worker = np.frombuffer(data, dtype="<f4", count=wc, offset=pos)
+    server = np.frombuffer(data, dtype="<f4", count=sc, offset=pos + 4 * wc)
+    return {"codec": spec, "n": n, "rank": rank, "world": world, "algorithm": algo}, worker, server
+
+
+def _ef_respec(ef: Any, spec: str) -> Any:
+    """A new collective ErrorFeedback bound to codec `spec` holding `ef`'s
+    residuals (the same buffer, rank and algorithm): the sparsity warm-up
+    changes top-k's density, and the residual carries on. Written in the
+    saved format's version 1 (the same fields, no checksum), which restore()
+    still reads and checks field by field."""
+    import numpy as np
+
+    import gradzip
+
+    head, worker, server = _ef_parse(ef)
+    if not (np.isfinite(worker).all() and np.isfinite(server).all()):
+        raise FloatingPointError("the error feedback's residual holds NaN or infinite values at a change of "
+                                 "top-k's density: the training diverged before it")
+    enc = spec.encode("ascii")
+    data = (struct.pack("<III", _EF_MAGIC, 1, len(enc)) + enc +
+            struct.pack("<QIIBQQ", head["n"], head["rank"], head["world"], head["algorithm"], worker.size,
+                        server.size) + worker.tobytes() + server.tobytes())
+    out = gradzip.ErrorFeedback()
+    out.load_state_dict({"version": 2, "role": "collective", "data": data})
+    return out
