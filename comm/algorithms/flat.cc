@@ -12,7 +12,8 @@ Wire flat_wire(Run& run, Algorithm a, int members, std::size_t unit_count) {
   // largest, cut on the codec's blocks (reduce_scatter(): on elements, the
   // chunks its callers own).
   if (a == Algorithm::Allgather) return run.wire_for(unit_count, false);
-  const std::size_t grain = a == Algorithm::ScatterReduce && !run.raw ? chunk_grain(run.codec.config()) : 1;
+  const std::size_t grain =
+      a == Algorithm::ScatterReduce && !run.raw ? chunk_grain(run.codec.config(), unit_count, members) : 1;
   Wire w = run.wire_for(chunk_range(unit_count, members, 0, grain).count, true);
   w.grain = grain;
   return w;

@@ -197,13 +197,15 @@ WireCost hierarchical_cost(const CostQuery& q) {
   c.bytes += x.bytes;
   c.remote_bytes += x.bytes;
   // 3. the node's other members get this shard: its floats (lossless), or
-  // the payloads step 2 decoded last, which every member decodes itself.
+  // the payloads step 2 decoded last, which every member decodes itself
+  // (scatter_reduce's chunks cut as for the node's largest shard).
+  const std::size_t grain = chunk_grain(q.codec, chunk_range(q.n, p.L, 0).count, p.N);
   double kept = 4.0 * static_cast<double>(shard);
   if (!lossless) {
     kept = 0;
     for (int j = 0; j < p.N; ++j)
       kept += inner == Algorithm::Allgather ? payload_bytes(q.codec, shard)
-                                            : payload_bytes(q.server, chunk_range(shard, p.N, j, chunk_grain(q.codec)).count);
+                                            : payload_bytes(q.server, chunk_range(shard, p.N, j, grain).count);
   }
   c.bytes += static_cast<double>(p.L - 1) * kept;
   c.messages = 2 * static_cast<std::uint64_t>(p.L - 1) + x.messages;
@@ -218,7 +220,9 @@ std::pair<std::uint64_t, std::uint64_t> hierarchical_residuals(const CodecConfig
   const Place p = place_of(rank, topo);
   const std::uint64_t shard = chunk_range(n, p.L, p.local).count;
   const Algorithm inner = resolve_algorithm(Algorithm::Auto, codec, p.N);
-  return {shard, inner == Algorithm::ScatterReduce ? chunk_range(shard, p.N, p.node, chunk_grain(codec)).count : 0};
+  // Chunks cut as flat cuts them for every shard of a node: by the largest.
+  const std::size_t grain = chunk_grain(codec, chunk_range(n, p.L, 0).count, p.N);
+  return {shard, inner == Algorithm::ScatterReduce ? chunk_range(shard, p.N, p.node, grain).count : 0};
 }
 
 }  // namespace

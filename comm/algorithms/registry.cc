@@ -51,9 +51,10 @@ ChunkRange chunk_range(std::size_t n, int ranks, int j, std::size_t grain) {
   return {offset, std::min(n, (runs.offset + runs.count) * grain) - offset};
 }
 
-std::size_t chunk_grain(const CodecConfig& codec) {
+std::size_t chunk_grain(const CodecConfig& codec, std::uint64_t n, int ranks) {
   const auto granule = codec.descriptor().segment_granule;
-  return granule ? std::max<std::size_t>(1, granule(codec)) : 1;
+  const std::uint64_t g = granule ? std::max<std::uint64_t>(1, granule(codec)) : 1;
+  return n / g >= kChunkGrainRuns * static_cast<std::uint64_t>(std::max(ranks, 1)) ? static_cast<std::size_t>(g) : 1;
 }
 
 double payload_bytes(const CodecConfig& codec, std::uint64_t count) {

@@ -188,7 +188,7 @@ void run_scatter_reduce(Run& run, Carve& wire, Carve& local) {
 WireCost scatter_reduce_cost(const CostQuery& q) {
   const Topology& topo = *q.topology;
   const int P = topo.ranks();
-  const std::size_t grain = chunk_grain(q.codec);
+  const std::size_t grain = chunk_grain(q.codec, q.n, P);
   const double mine = payload_bytes(q.server, chunk_range(q.n, P, q.rank, grain).count);
   WireCost c;
   for (int j = 0; j < P; ++j) {
@@ -205,7 +205,7 @@ WireCost scatter_reduce_cost(const CostQuery& q) {
 std::pair<std::uint64_t, std::uint64_t> scatter_reduce_residuals(const CodecConfig& codec, std::uint64_t n, int rank,
                                                                  const Topology& topo) {
   // The worker residual of the whole buffer; the server residual of this rank's chunk sum.
-  return {n, chunk_range(n, topo.ranks(), rank, chunk_grain(codec)).count};
+  return {n, chunk_range(n, topo.ranks(), rank, chunk_grain(codec, n, topo.ranks())).count};
 }
 
 }  // namespace
