@@ -22,6 +22,18 @@ std::size_t Codec::max_payload_bytes(std::size_t n) const {
   return wire::kHeaderBytes + wire::body_bytes(id(), header_param(n), n);
 }
 
+std::size_t Codec::write_header(std::size_t n, std::byte* dst) const {
+  if (!fixed_size())
+    GZ_THROW(InvalidArgument, "codec '", spec(), "' has payloads of varying size: only its encoder knows their header");
+  wire::Header h;
+  h.codec = id();
+  h.param = header_param(n);
+  h.count = n;
+  h.body_bytes = wire::body_bytes(h.codec, h.param, n);
+  wire::write_header(h, dst);
+  return wire::kHeaderBytes;
+}
+
 std::size_t Codec::codec_workspace_bytes(std::size_t, Device device) const {
   return device == Device::Cuda ? kCudaStatusBytes : 0;
 }

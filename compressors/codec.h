@@ -159,6 +159,14 @@ class Codec {
   /// Payload bytes (header included) for n elements: exact for a fixed-size
   /// codec, the upper bound otherwise.
   virtual std::size_t max_payload_bytes(std::size_t n) const;
+  /// Writes the 32-byte header of a payload of n elements to `dst` (host
+  /// memory): for a fixed-size codec it is the same for every payload of n
+  /// elements, so a payload may travel as its body alone (a bare body) to a
+  /// receiver that knows the codec and n, which writes this header in front
+  /// of what arrived; the decode then checks that body's size like any
+  /// payload's (truncated or trailing bytes: PayloadError). Returns 32.
+  /// InvalidArgument for a codec whose size varies (its header counts entries).
+  std::size_t write_header(std::size_t n, std::byte* dst) const;
   /// Scratch bytes a call on n elements of `dtype` needs on `device`: an
   /// encode's scratch, on CUDA the status word of a decode, and for a 16-bit
   /// dtype a float buffer of n where the call widens (CUDA decodes; encodes

@@ -32,6 +32,24 @@ struct ChunkRange {
   std::size_t count = 0;
 };
 ChunkRange chunk_range(std::size_t n, int ranks, int j);
+/// Chunk j when chunks are cut on whole runs of `grain` elements: the
+/// ceil(n / grain) runs split over the ranks as chunk_range splits elements
+/// (the first ones get a run more), the last run short when grain does not
+/// divide n. grain 1 is chunk_range. scatter_reduce cuts on its codec's
+/// blocks (chunk_grain) so that no block is split between two chunks: its
+/// payloads then hold the blocks and sign words of one payload of the whole
+/// buffer, not a partial block more per chunk.
+ChunkRange chunk_range(std::size_t n, int ranks, int j, std::size_t grain);
+/// The elements scatter_reduce's chunks of a run of n elements over `ranks`
+/// ranks are cut on for `codec`: its descriptor's segment granule (onebit,
+/// fp8, qsgd: the block) when the run holds at least kChunkGrainRuns of
+/// them per rank, else 1. Whole blocks make the chunks differ by up to a
+/// block, and the rank with the longer chunk sends its sum to P-1 ranks:
+/// with at least 16 blocks per rank that costs it at most ~3% more than
+/// the others, where a small buffer would leave some ranks no chunk at all.
+/// reduce_scatter() and hierarchical's shards keep chunk_range (grain 1).
+inline constexpr std::uint64_t kChunkGrainRuns = 16;
+std::size_t chunk_grain(const CodecConfig& codec, std::uint64_t n, int ranks);
 
 class WorkspaceCarver;
 namespace detail {
@@ -51,9 +69,10 @@ struct CostQuery {
 /// What one rank sends in one call, and how many rounds it waits for.
 struct WireCost {
   /// Payload bytes this rank sends to other ranks, each payload of the
-  /// codec's size for its whole run (one per chunk or buffer); the pipeline
-  /// adds one header (32 bytes) per extra segment. Codec none on the host
-  /// counts its floats (4 bytes each).
+  /// codec's size for its whole run (one per chunk or buffer, payload_bytes:
+  /// a fixed-size codec's body); the pipeline adds, per extra segment, the
+  /// blocks it splits and (top-k) one header (32 bytes). Codec none on the
+  /// host counts its floats (4 bytes each).
   double bytes = 0;
   /// The part of `bytes` that goes to ranks on other nodes.
   double remote_bytes = 0;
@@ -95,7 +114,11 @@ const AlgorithmDescriptor* find_algorithm(Algorithm id);
 const AlgorithmDescriptor& algorithm_descriptor(Algorithm id);
 
 /// Payload bytes of `count` elements of `codec` as an algorithm moves them
-/// (raw floats for a lossless codec on the host; 0 for 0 elements).
+/// over a transport of host memory (0 for 0 elements): raw floats for a
+/// lossless codec; the body alone for a fixed-size codec (its header is
+/// the call's agreement: the receiver writes it, Run::arrived); else the
+/// whole payload. A transport of device memory (NCCL) adds the 32-byte
+/// header to each fixed-size payload.
 double payload_bytes(const CodecConfig& codec, std::uint64_t count);
 
 }  // namespace gz

@@ -40,7 +40,7 @@ void allgather(Run& run, const Group& g, float* buf, float* residual, std::size_
                                                 slots.at(set, m), cap, run.exec);
       run.timer.end(&run.stats.encode_s);
       received(k, m) = bytes;
-      out = ConstSlice{slots.at(set, m), run.send_size(bytes, *w.codec, r.count)};
+      out = run.send_payload(slots.at(set, m), bytes, *w.codec, r.count);
       run.before_send();
     }
     run.send_ops.clear();
@@ -51,8 +51,10 @@ void allgather(Run& run, const Group& g, float* buf, float* residual, std::size_
       // Raw floats: receive exactly the segment, as a transport without
       // exact sizes (torch's process group, NCCL) needs sends and receives
       // of one size.
-      run.recv_ops.push_back(
-          {g.ranks[i], Slice{slots.at(set, i), w.raw ? 4 * r.count : run.recv_size(*w.codec, r.count, cap)}, &received(k, i)});
+      run.recv_ops.push_back({g.ranks[i],
+                              w.raw ? Slice{slots.at(set, i), 4 * r.count}
+                                    : run.recv_payload(slots.at(set, i), *w.codec, r.count, cap),
+                              &received(k, i)});
     }
     flights[k] = run.start(run.send_ops, run.recv_ops);
   };

@@ -8,13 +8,19 @@
 namespace gz::detail {
 
 Wire flat_wire(Run& run, Algorithm a, int members, std::size_t unit_count) {
-  // allgather encodes the whole run; scatter_reduce its chunks, the first the largest.
-  return a == Algorithm::Allgather ? run.wire_for(unit_count, false)
-                                   : run.wire_for(chunk_range(unit_count, members, 0).count, true);
+  // allgather encodes the whole run; scatter_reduce its chunks, the first the
+  // largest, cut on the codec's blocks (reduce_scatter(): on elements, the
+  // chunks its callers own).
+  if (a == Algorithm::Allgather) return run.wire_for(unit_count, false);
+  const std::size_t grain =
+      a == Algorithm::ScatterReduce && !run.raw ? chunk_grain(run.codec.config(), unit_count, members) : 1;
+  Wire w = run.wire_for(chunk_range(unit_count, members, 0, grain).count, true);
+  w.grain = grain;
+  return w;
 }
 
-std::size_t flat_segments(Algorithm a, int members, std::size_t count, std::size_t seg) {
-  return segment_count(a == Algorithm::Allgather ? count : chunk_range(count, members, 0).count, seg);
+std::size_t flat_segments(Algorithm a, int members, std::size_t count, const Wire& w) {
+  return segment_count(a == Algorithm::Allgather ? count : chunk_range(count, members, 0, w.grain).count, w.seg);
 }
 
 void flat(Run& run, Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count,
@@ -32,7 +38,7 @@ void decode_kept(Run& run, Algorithm a, int members, const Wire& w, const Slots&
   const auto N = static_cast<std::size_t>(members);
   Codec& kc = *w.kept(a);
   const std::size_t cap = kc.max_payload_bytes(w.seg);
-  const std::size_t S = flat_segments(a, members, count, w.seg);
+  const std::size_t S = flat_segments(a, members, count, w);
   run.timer.begin();
   for (std::size_t s = 0; s < S; ++s) {
     if (a == Algorithm::Allgather) {  // allgather's sum of every member's payload
@@ -42,7 +48,7 @@ void decode_kept(Run& run, Algorithm a, int members, const Wire& w, const Slots&
       kc.decode_sum(run.payload_refs, buf + r.offset, r.count, scale_by, run.exec);
     } else {  // scatter_reduce's gather: each chunk's payload into its place
       for (std::size_t j = 0; j < N; ++j) {
-        const ChunkRange c = chunk_range(count, members, static_cast<int>(j)), r = segment(c.count, w.seg, s);
+        const ChunkRange c = chunk_range(count, members, static_cast<int>(j), w.grain), r = segment(c.count, w.seg, s);
         const PayloadRef p{kept.at(s, j), run.kept_size(kc, kept.at(s, j), r.count, cap)};
         kc.decode_sum(std::span(&p, 1), buf + c.offset + r.offset, r.count, scale_by, run.exec);
       }

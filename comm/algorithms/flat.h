@@ -34,8 +34,8 @@ void flat(Run& run, Algorithm a, const Group& g, float* buf, float* residual, fl
           float scale_by, Carve& wire_carve, Carve& local, Slots* keep = nullptr, std::size_t unit_count = 0);
 /// How `a` over `members` ranks cuts `unit_count` elements (flat's choice).
 Wire flat_wire(Run& run, Algorithm a, int members, std::size_t unit_count);
-/// Segments of a member's run of `count` elements under `a` (flat's).
-std::size_t flat_segments(Algorithm a, int members, std::size_t count, std::size_t seg);
+/// Segments of a member's run of `count` elements under `a` cut as `w` says (flat's).
+std::size_t flat_segments(Algorithm a, int members, std::size_t count, const Wire& w);
 /// Decodes what flat kept of a run of `count` elements into buf (as its
 /// owner decoded it): `kept` holds flat_segments sets of `members` payloads.
 void decode_kept(Run& run, Algorithm a, int members, const Wire& w, const Slots& kept, std::size_t count, float* buf,

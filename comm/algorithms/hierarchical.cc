@@ -87,7 +87,7 @@ void hierarchical(Run& run, Carve& wire_carve, Carve& local) {
 // Step 3: this rank's kept payloads (flat's last step over its shard) to
 // every other member of its node, theirs from each, each decoded into its
 // shard. One exchange of one message per payload, each of its own size
-// (send_size / recv_size: never the whole slot, whose room past a short
+// (send_payload / recv_payload: never the whole slot, whose room past a short
 // segment's payload would cross for nothing).
 void share_with_node(Run& run, const Group& node, Algorithm inner, int N, const Slots& kept, std::size_t largest_shard,
                      Carve& wire_carve) {
@@ -97,12 +97,12 @@ void share_with_node(Run& run, const Group& node, Algorithm inner, int N, const 
   Codec& kc = *w.kept(inner);
   const std::size_t cap = kc.max_payload_bytes(w.seg);
   auto shard_of = [&](std::size_t l) { return chunk_range(run.o.n, static_cast<int>(L), static_cast<int>(l)); };
-  auto segments_of = [&](std::size_t l) { return flat_segments(inner, N, shard_of(l).count, w.seg); };
+  auto segments_of = [&](std::size_t l) { return flat_segments(inner, N, shard_of(l).count, w); };
   // Elements of kept payload (segment s, member j) of a shard of `count`:
   // allgather's segment s of the shard; scatter_reduce's of chunk j.
   auto count_of = [&](std::size_t count, std::size_t s, std::size_t j) {
     if (inner == Algorithm::Allgather) return segment(count, w.seg, s).count;
-    return segment(chunk_range(count, N, static_cast<int>(j)).count, w.seg, s).count;
+    return segment(chunk_range(count, N, static_cast<int>(j), w.grain).count, w.seg, s).count;
   };
   std::vector<Slots> theirs(L);
   for (std::size_t l = 0; l < L; ++l)
@@ -125,14 +125,13 @@ void share_with_node(Run& run, const Group& node, Algorithm inner, int N, const 
       for (std::size_t j = 0; j < Nn; ++j) {
         const std::size_t c = count_of(mine, s, j);
         const std::size_t bytes = run.kept_size(kc, kept.at(s, j), c, cap);
-        run.send_ops.push_back({node.ranks[l], ConstSlice{kept.at(s, j), run.send_size(bytes, kc, c)}});
+        run.send_ops.push_back({node.ranks[l], run.send_payload(kept.at(s, j), bytes, kc, c)});
       }
     const std::size_t theirs_count = shard_of(l).count;
     for (std::size_t s = 0; s < segments_of(l); ++s)
       for (std::size_t j = 0; j < Nn; ++j)
-        run.recv_ops.push_back({node.ranks[l],
-                                Slice{theirs[l].at(s, j), run.recv_size(kc, count_of(theirs_count, s, j), cap)},
-                                &got[next++]});
+        run.recv_ops.push_back(
+            {node.ranks[l], run.recv_payload(theirs[l].at(s, j), kc, count_of(theirs_count, s, j), cap), &got[next++]});
   }
   Flight f = run.start(run.send_ops, run.recv_ops);
   try {
@@ -142,7 +141,8 @@ void share_with_node(Run& run, const Group& node, Algorithm inner, int N, const 
     throw;
   }
   // A payload must be what arrived (a transport with exact sizes says; else
-  // the sender sent the bound, and the header says within it).
+  // the sender sent the bound, and the header says within it); a bare body
+  // gets its header here, and decode_kept checks its size.
   next = 0;
   for (std::size_t l = 0; l < L; ++l) {
     if (l == m) continue;
@@ -150,7 +150,8 @@ void share_with_node(Run& run, const Group& node, Algorithm inner, int N, const 
     for (std::size_t s = 0; s < segments_of(l); ++s)
       for (std::size_t j = 0; j < Nn; ++j, ++next) {
         const std::size_t c = count_of(theirs_count, s, j);
-        if (run.exact && got[next] != run.kept_size(kc, theirs[l].at(s, j), c, cap))
+        const PayloadRef p = run.arrived(theirs[l].at(s, j), got[next], cap, kc, c);
+        if (run.exact && p.bytes != run.kept_size(kc, theirs[l].at(s, j), c, cap))
           GZ_THROW(PayloadError, "rank ", node.ranks[l], " passed a payload of ", got[next], " bytes for ", c,
                    " elements whose header says otherwise (the ranks disagree on the call)");
       }
@@ -196,13 +197,15 @@ WireCost hierarchical_cost(const CostQuery& q) {
   c.bytes += x.bytes;
   c.remote_bytes += x.bytes;
   // 3. the node's other members get this shard: its floats (lossless), or
-  // the payloads step 2 decoded last, which every member decodes itself.
+  // the payloads step 2 decoded last, which every member decodes itself
+  // (scatter_reduce's chunks cut as for the node's largest shard).
+  const std::size_t grain = chunk_grain(q.codec, chunk_range(q.n, p.L, 0).count, p.N);
   double kept = 4.0 * static_cast<double>(shard);
   if (!lossless) {
     kept = 0;
     for (int j = 0; j < p.N; ++j)
       kept += inner == Algorithm::Allgather ? payload_bytes(q.codec, shard)
-                                            : payload_bytes(q.server, chunk_range(shard, p.N, j).count);
+                                            : payload_bytes(q.server, chunk_range(shard, p.N, j, grain).count);
   }
   c.bytes += static_cast<double>(p.L - 1) * kept;
   c.messages = 2 * static_cast<std::uint64_t>(p.L - 1) + x.messages;
@@ -217,7 +220,9 @@ std::pair<std::uint64_t, std::uint64_t> hierarchical_residuals(const CodecConfig
   const Place p = place_of(rank, topo);
   const std::uint64_t shard = chunk_range(n, p.L, p.local).count;
   const Algorithm inner = resolve_algorithm(Algorithm::Auto, codec, p.N);
-  return {shard, inner == Algorithm::ScatterReduce ? chunk_range(shard, p.N, p.node).count : 0};
+  // Chunks cut as flat cuts them for every shard of a node: by the largest.
+  const std::size_t grain = chunk_grain(codec, chunk_range(n, p.L, 0).count, p.N);
+  return {shard, inner == Algorithm::ScatterReduce ? chunk_range(shard, p.N, p.node, grain).count : 0};
 }
 
 }  // namespace

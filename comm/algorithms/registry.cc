@@ -2,9 +2,12 @@
 // cost formulas share.
 #include "comm/algorithms/registry.h"
 
+#include <algorithm>
+
 #include "comm/algorithms/algorithm.h"
 #include "common/error.h"
 #include "compressors/codec.h"
+#include "compressors/wire_format.h"
 
 namespace gz {
 
@@ -41,10 +44,24 @@ ChunkRange chunk_range(std::size_t n, int ranks, int j) {
   return {J * base + (J < extra ? J : extra), base + (J < extra ? 1 : 0)};
 }
 
+ChunkRange chunk_range(std::size_t n, int ranks, int j, std::size_t grain) {
+  if (grain <= 1) return chunk_range(n, ranks, j);
+  const ChunkRange runs = chunk_range((n + grain - 1) / grain, ranks, j);  // in runs of grain
+  const std::size_t offset = std::min(n, runs.offset * grain);
+  return {offset, std::min(n, (runs.offset + runs.count) * grain) - offset};
+}
+
+std::size_t chunk_grain(const CodecConfig& codec, std::uint64_t n, int ranks) {
+  const auto granule = codec.descriptor().segment_granule;
+  const std::uint64_t g = granule ? std::max<std::uint64_t>(1, granule(codec)) : 1;
+  return n / g >= kChunkGrainRuns * static_cast<std::uint64_t>(std::max(ranks, 1)) ? static_cast<std::size_t>(g) : 1;
+}
+
 double payload_bytes(const CodecConfig& codec, std::uint64_t count) {
   if (count == 0) return 0;
   if (codec.descriptor().lossless) return 4.0 * static_cast<double>(count);
-  return static_cast<double>(make_codec(codec)->max_payload_bytes(count));
+  const std::size_t bytes = make_codec(codec)->max_payload_bytes(count);
+  return static_cast<double>(payload_size_fixed(codec) ? bytes - wire::kHeaderBytes : bytes);
 }
 
 }  // namespace gz

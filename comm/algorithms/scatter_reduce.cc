@@ -11,8 +11,10 @@ namespace gz::detail {
 
 // scatter_reduce (two-phase compressed allreduce, as in DeepSpeed)
 //
-// The buffer is split into P chunks (chunk_range: sizes differ by at most
-// one, some may be empty); member j owns chunk j. Every chunk is cut into
+// The buffer is split into P chunks (chunk_range on runs of w.grain
+// elements: the codec's blocks, so that the chunks' payloads hold no more
+// blocks than one payload of the whole buffer; sizes differ by at most one
+// run, some may be empty); member j owns chunk j. Every chunk is cut into
 // segments of the same length, and segment s of every chunk moves together:
 //   1. scatter: segment s of chunk j is encoded (worker EF) and sent to
 //      member j; this member receives every member's payload of its own
@@ -41,7 +43,7 @@ namespace gz::detail {
 void scatter_reduce(Run& run, const Group& g, float* buf, float* residual, float* server, std::size_t count,
                     float scale_by, Wire w, Carve& wire_carve, Carve& local, Half half, Slots* keep) {
   const auto Pg = static_cast<std::size_t>(g.size()), m = static_cast<std::size_t>(g.me);
-  auto chunk = [&](std::size_t j) { return chunk_range(count, g.size(), static_cast<int>(j)); };
+  auto chunk = [&](std::size_t j) { return chunk_range(count, g.size(), static_cast<int>(j), w.grain); };
   const ChunkRange own = chunk(m);
   const std::size_t S = segment_count(chunk(0).count, w.seg);  // chunk 0 is the largest
   const std::size_t cap = w.raw ? 4 * w.seg : w.codec->max_payload_bytes(w.seg), sets = sets_for(S);
@@ -84,7 +86,7 @@ void scatter_reduce(Run& run, const Group& g, float* buf, float* residual, float
             w.codec->encode(buf + r.offset, residual ? residual + r.offset : nullptr, r.count, dst, cap, run.exec);
         run.timer.end(&run.stats.encode_s);
         if (j == m) own_bytes[k] = bytes;
-        out = ConstSlice{dst, run.send_size(bytes, *w.codec, r.count)};
+        out = run.send_payload(dst, bytes, *w.codec, r.count);
         for (Flight& f : flights) run.poke(f);  // what is in flight keeps moving
       }
       if (j == m) continue;
@@ -92,7 +94,8 @@ void scatter_reduce(Run& run, const Group& g, float* buf, float* residual, float
       // Raw floats: exactly this member's own segment (see allgather).
       const std::size_t mine = seg_of(m, s).count;
       run.recv_ops.push_back(
-          {g.ranks[j], Slice{B.at(k, j), w.raw ? 4 * mine : run.recv_size(*w.codec, mine, cap)}, &received(k, j)});
+          {g.ranks[j], w.raw ? Slice{B.at(k, j), 4 * mine} : run.recv_payload(B.at(k, j), *w.codec, mine, cap),
+           &received(k, j)});
     }
     if (!w.raw) run.before_send();
     flights[k] = run.start(run.send_ops, run.recv_ops);
@@ -120,7 +123,7 @@ void scatter_reduce(Run& run, const Group& g, float* buf, float* residual, float
       const std::size_t bytes = w.server->encode(from, ef, r.count, G.at(gset(s), m), cap_g, run.exec);
       run.timer.end(&run.stats.encode_s);
       received(2 + k, m) = bytes;
-      out = ConstSlice{G.at(gset(s), m), run.send_size(bytes, *w.server, r.count)};
+      out = run.send_payload(G.at(gset(s), m), bytes, *w.server, r.count);
       run.before_send();
     }
     run.send_ops.clear();
@@ -131,7 +134,7 @@ void scatter_reduce(Run& run, const Group& g, float* buf, float* residual, float
       run.send_ops.push_back({g.ranks[j], out});
       run.recv_ops.push_back({g.ranks[j],
                            w.raw ? Slice{buf + rj.offset, 4 * rj.count}
-                                 : Slice{G.at(gset(s), j), run.recv_size(*w.server, rj.count, cap_g)},
+                                 : run.recv_payload(G.at(gset(s), j), *w.server, rj.count, cap_g),
                            &received(2 + k, j)});
     }
     flights[2 + k] = run.start(run.send_ops, run.recv_ops);
@@ -151,7 +154,8 @@ void scatter_reduce(Run& run, const Group& g, float* buf, float* residual, float
     for (std::size_t j = 0; j < Pg; ++j) {
       const ChunkRange r = seg_of(j, s);
       std::byte* slot = G.at(gset(s), j);
-      const PayloadRef p{slot, j == m ? received(2 + k, m) : run.payload_size(slot, received(2 + k, j), cap_g, *w.server, r.count)};
+      const PayloadRef p =
+          j == m ? PayloadRef{slot, received(2 + k, m)} : run.arrived(slot, received(2 + k, j), cap_g, *w.server, r.count);
       w.server->decode_sum(std::span(&p, 1), buf + r.offset, r.count, scale_by, run.exec);  // overwrite, scaled
     }
     run.timer.end(&run.stats.decode_s);
@@ -180,15 +184,16 @@ void run_scatter_reduce(Run& run, Carve& wire, Carve& local) {
 }
 
 // Rank me's bytes: chunk j's payload to rank j (j != me), then its own
-// chunk's sum, server codec, to the P-1 others.
+// chunk's sum, server codec, to the P-1 others (chunks on the codec's blocks).
 WireCost scatter_reduce_cost(const CostQuery& q) {
   const Topology& topo = *q.topology;
   const int P = topo.ranks();
-  const double mine = payload_bytes(q.server, chunk_range(q.n, P, q.rank).count);
+  const std::size_t grain = chunk_grain(q.codec, q.n, P);
+  const double mine = payload_bytes(q.server, chunk_range(q.n, P, q.rank, grain).count);
   WireCost c;
   for (int j = 0; j < P; ++j) {
     if (j == q.rank) continue;
-    const double both = payload_bytes(q.codec, chunk_range(q.n, P, j).count) + mine;
+    const double both = payload_bytes(q.codec, chunk_range(q.n, P, j, grain).count) + mine;
     c.bytes += both;
     if (topo.node[static_cast<std::size_t>(j)] != topo.node[static_cast<std::size_t>(q.rank)]) c.remote_bytes += both;
   }
@@ -197,10 +202,10 @@ WireCost scatter_reduce_cost(const CostQuery& q) {
   return c;
 }
 
-std::pair<std::uint64_t, std::uint64_t> scatter_reduce_residuals(const CodecConfig&, std::uint64_t n, int rank,
+std::pair<std::uint64_t, std::uint64_t> scatter_reduce_residuals(const CodecConfig& codec, std::uint64_t n, int rank,
                                                                  const Topology& topo) {
   // The worker residual of the whole buffer; the server residual of this rank's chunk sum.
-  return {n, chunk_range(n, topo.ranks(), rank).count};
+  return {n, chunk_range(n, topo.ranks(), rank, chunk_grain(codec, n, topo.ranks())).count};
 }
 
 }  // namespace

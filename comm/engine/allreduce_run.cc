@@ -175,20 +175,41 @@ void Run::before_send() {
   if (o.device == Device::Cuda && !device_memory) mem::synchronize(o.device, o.stream);
 }
 
-std::size_t Run::payload_size(const std::byte* slot, std::size_t received, std::size_t capacity, const Codec& c,
-                              std::size_t count) const {
-  if (exact) return received;
-  // The sender sent the codec's bound for the count (send_size). A
+ConstSlice Run::send_payload(const std::byte* slot, std::size_t bytes, const Codec& c, std::size_t count) const {
+  if (bare(c)) {
+    GZ_ENFORCE(bytes == c.max_payload_bytes(count), "a fixed-size ", c.spec(), " payload of ", count,
+               " elements is ", c.max_payload_bytes(count), " bytes, not ", bytes);
+    return ConstSlice{slot + wire::kHeaderBytes, bytes - wire::kHeaderBytes};
+  }
+  return ConstSlice{slot, exact ? bytes : c.max_payload_bytes(count)};
+}
+
+Slice Run::recv_payload(std::byte* slot, const Codec& c, std::size_t count, std::size_t capacity) const {
+  if (bare(c))
+    return Slice{slot + wire::kHeaderBytes, (exact ? capacity : c.max_payload_bytes(count)) - wire::kHeaderBytes};
+  return Slice{slot, exact ? capacity : c.max_payload_bytes(count)};
+}
+
+PayloadRef Run::arrived(std::byte* slot, std::size_t received, std::size_t capacity, const Codec& c,
+                        std::size_t count) {
+  if (bare(c)) {
+    // The header every rank's agreement implies; the decode holds the body
+    // that arrived to it (its size) like any payload's.
+    c.write_header(count, slot);  // host memory (bare)
+    return {slot, wire::kHeaderBytes + std::min(received, capacity - wire::kHeaderBytes)};
+  }
+  if (exact) return {slot, received};
+  // The sender sent the codec's bound for the count (send_payload). A
   // fixed-size payload is exactly that; otherwise the header says how much
   // of it is the payload.
-  if (!payload_size_varies(c)) return c.max_payload_bytes(count);
+  if (!payload_size_varies(c)) return {slot, c.max_payload_bytes(count)};
   const std::size_t sent = std::min(received, capacity);
-  if (sent < wire::kHeaderBytes) return sent;  // the decode rejects it
+  if (sent < wire::kHeaderBytes) return {slot, sent};  // the decode rejects it
   std::byte head[wire::kHeaderBytes];
   mem::to_host(head, slot, sizeof head, o.device, o.stream);
   std::uint64_t body = 0;
   std::memcpy(&body, head + 24, sizeof body);
-  return body <= sent - wire::kHeaderBytes ? wire::kHeaderBytes + body : sent;
+  return {slot, body <= sent - wire::kHeaderBytes ? wire::kHeaderBytes + body : sent};
 }
 
 void Run::check_decodes() {
@@ -237,8 +258,8 @@ void Run::sum_segment(const Group& g, const Wire& w, const Slots& slots, std::si
   } else {
     ws.payloads_.clear();
     for (std::size_t i = 0; i < Pg; ++i)
-      ws.payloads_.push_back(
-          {slots.at(set, i), i == m ? own_bytes : payload_size(slots.at(set, i), received[i], cap, *w.codec, count)});
+      ws.payloads_.push_back(i == m ? PayloadRef{slots.at(set, i), own_bytes}
+                                    : arrived(slots.at(set, i), received[i], cap, *w.codec, count));
     w.codec->decode_sum(ws.payloads_, target, count, scale_by, exec);
   }
   timer.end(&stats.decode_s);

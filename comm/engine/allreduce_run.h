@@ -77,6 +77,10 @@ struct Wire {
   Codec* server = nullptr; ///< scatter_reduce: the codec of the chunk sums' segments (may be `codec`)
   bool raw = false;
   std::size_t seg = 1;     ///< elements per segment
+  /// scatter_reduce: its chunks are cut on runs of this many elements
+  /// (chunk_range with a grain: the codec's blocks, flat_wire); 1 for the
+  /// chunks of reduce_scatter() and hierarchical's shards.
+  std::size_t grain = 1;
 
   /// The codec of the payloads a flat algorithm's last step leaves (what
   /// hierarchical keeps and shares): allgather's, or scatter_reduce's chunk sums.
@@ -106,7 +110,7 @@ struct Run {
   ExecContext exec;
   AllreduceStats stats;
   PhaseTimer timer;
-  bool exact;          // the transport reports received sizes; else send what the receive posts (send_size)
+  bool exact;          // the transport reports received sizes; else send what the receive posts (send_payload)
   bool device_memory;  // the transport takes device buffers (NCCL)
   std::vector<std::pair<Clock::time_point, Clock::time_point>> busy;  // flights' [start, end]
   // The workspace's per-call tables (sized in prepare_workspace): the ops of
@@ -176,24 +180,34 @@ struct Run {
   float* server_residual() const {
     return codec.error_feedback() ? static_cast<float*>(st.server_.data()) : nullptr;
   }
-  // Bytes to send of a payload of `bytes` of `count` elements of codec `c`:
-  // the payload itself, or (a transport without exact sizes, where a receive
-  // must be posted with the size sent) the codec's bound for `count`, which
-  // is the payload's size for every fixed-size codec. Never the whole slot:
-  // a segment may be shorter than its slot (the last one, a smaller chunk),
-  // and its slot's bytes past the payload would cross the wire for nothing.
-  std::size_t send_size(std::size_t bytes, const Codec& c, std::size_t count) const {
-    return exact ? bytes : c.max_payload_bytes(count);
-  }
-  // Bytes to post a receive of a payload of `count` elements of `c` with,
-  // into a slot of `capacity`: the slot (exact sizes report what arrived), or
-  // exactly what the sender sends (send_size).
-  std::size_t recv_size(const Codec& c, std::size_t count, std::size_t capacity) const {
-    return exact ? capacity : c.max_payload_bytes(count);
-  }
-  // Bytes of the payload of `count` elements of codec `c` that arrived in a slot.
-  std::size_t payload_size(const std::byte* slot, std::size_t received, std::size_t capacity, const Codec& c,
-                           std::size_t count) const;
+  // Payloads on the wire. A fixed-size codec's header holds nothing the
+  // call's agreement has not already fixed on every rank (codec, param,
+  // element count, body size: the count of every segment of every chunk
+  // follows from n, P and the codec), so such a payload crosses *bare*, as
+  // its body alone, and the receiver writes the header it expects in front
+  // of what arrived (arrived()). The decode then checks that payload as any
+  // other: a body of the wrong size is a PayloadError (truncated or trailing
+  // bytes), and nothing past the slot is read. Bare where the slots are host
+  // memory (every host transport); a device transport (NCCL) sends the
+  // header too. A codec whose size varies (top-k) always sends its header:
+  // it says how many entries follow.
+  bool bare(const Codec& c) const { return !device_memory && c.fixed_size(); }
+  // What to send of a payload of `bytes` of `count` elements of codec `c` at
+  // `slot`: bare, its body; else the payload itself, or (a transport without
+  // exact sizes, where a receive must be posted with the size sent) the
+  // codec's bound for `count`. Never the whole slot: a segment may be
+  // shorter than its slot (the last one, a smaller chunk), and its slot's
+  // bytes past the payload would cross the wire for nothing.
+  ConstSlice send_payload(const std::byte* slot, std::size_t bytes, const Codec& c, std::size_t count) const;
+  // Where to receive a payload of `count` elements of `c` into a slot of
+  // `capacity`: the slot (bare: past the header's room), whole on a
+  // transport with exact sizes (it reports what arrived), else exactly what
+  // the sender sends (send_payload).
+  Slice recv_payload(std::byte* slot, const Codec& c, std::size_t count, std::size_t capacity) const;
+  // The payload of `count` elements of `c` that arrived in `slot`
+  // (`received`: the bytes the transport reported), ready to decode: a bare
+  // body gets its expected header written in front of it.
+  PayloadRef arrived(std::byte* slot, std::size_t received, std::size_t capacity, const Codec& c, std::size_t count);
   // Throws PayloadError if a GPU decode of this call rejected a payload
   // (synchronizes the stream). CPU decodes throw on the spot.
   void check_decodes();

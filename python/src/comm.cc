@@ -297,6 +297,21 @@ void bind_comm(nb::module_& m) {
         "Every collective algorithm (comm/algorithms/registry.h), in registry order: dicts of name,\n"
         "summary, allreduce (False: a collective of its own, reduce_scatter) and uniform_nodes (needs\n"
         "the same number of ranks on every node).");
+  m.def("scatter_reduce_chunks",
+        [](std::uint64_t n, int ranks, std::string_view codec) {
+          GZ_ENFORCE(ranks >= 1, "ranks must be >= 1, got ", ranks);
+          const std::size_t grain = gz::chunk_grain(gz::parse_spec(codec), n, ranks);
+          std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+          for (int j = 0; j < ranks; ++j) {
+            const gz::ChunkRange c = gz::chunk_range(n, ranks, j, grain);
+            out.emplace_back(c.offset, c.count);
+          }
+          return out;
+        },
+        nb::arg("n"), nb::arg("ranks"), nb::arg("codec"),
+        "(offset, count) of each rank's chunk in scatter_reduce with this codec: chunks of whole\n"
+        "blocks of the codec (chunk_grain: when there are at least 16 per rank), the first ones a\n"
+        "block longer, the last block short.");
   m.def("algorithm_wire_cost",
         [](std::string_view algorithm, std::string_view codec, std::uint64_t n, int ranks, int rank,
            std::optional<std::string> server_codec, std::optional<std::vector<int>> nodes) {

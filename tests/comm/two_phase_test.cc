@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "comm/engine/allreduce.h"
+#include "compressors/wire_format.h"
 #include "tests/comm/reference.h"
 #include "tests/comm/thread_transport.h"
 
@@ -137,7 +138,8 @@ TEST(ServerPhase, HierarchicalAcrossSixteenNodesAddsOnlyFp16Rounding) {
 
 // What a call sends: the bytes per rank the stats count match the payloads:
 // allgather (P-1) of the buffer; scatter_reduce (P-1)/P of the codec's plus
-// (P-1)/P of the server codec's (one payload per chunk segment each).
+// (P-1)/P of the server codec's (one payload per chunk segment each; a
+// fixed-size codec's payload crosses as its body, top-k's with its header).
 TEST(ServerPhase, WireBytesAreThePayloadsOfBothPhases) {
   for (const char* spec : {"onebit", "onebit:block=64", "fp16", "topk:density=0.01"})
     for (int P : {3, 4}) {
@@ -147,10 +149,13 @@ TEST(ServerPhase, WireBytesAreThePayloadsOfBothPhases) {
       const auto codec = make_codec(spec);
       const auto server = make_codec(server_codec_config(codec->config()));
       const std::size_t chunk = n / static_cast<std::size_t>(P), others = static_cast<std::size_t>(P - 1);
+      auto wire = [](const Codec& c, std::size_t count) {
+        return c.max_payload_bytes(count) - (c.fixed_size() ? wire::kHeaderBytes : 0);
+      };
       const Steps ag = run(P, n, spec, with(Algorithm::Allgather), 1, input);
-      EXPECT_EQ(ag.last.wire_bytes, others * codec->max_payload_bytes(n));
+      EXPECT_EQ(ag.last.wire_bytes, others * wire(*codec, n));
       const Steps sr = run(P, n, spec, with(Algorithm::ScatterReduce), 1, input);
-      EXPECT_EQ(sr.last.wire_bytes, others * (codec->max_payload_bytes(chunk) + server->max_payload_bytes(chunk)));
+      EXPECT_EQ(sr.last.wire_bytes, others * (wire(*codec, chunk) + wire(*server, chunk)));
     }
 }
 

@@ -1,11 +1,15 @@
 // Writes one valid payload per codec and size into a directory: the seed
-// corpus of decode_fuzzer (byte 0 selects the decoder, as there).
+// corpus of decode_fuzzer (byte 0 selects the decoder, as there), and for a
+// fixed-size codec the same payload's bare body (byte 0 with its top bit,
+// then the element count: the exchanges' framing).
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "compressors/codec.h"
+#include "compressors/wire_format.h"
 #include "fuzz_specs.h"
 
 int main(int argc, char** argv) {
@@ -33,6 +37,17 @@ int main(int argc, char** argv) {
       std::fwrite(&sel, 1, 1, f);
       std::fwrite(p.data(), 1, bytes, f);
       std::fclose(f);
+      ++files;
+      if (!codec->fixed_size()) continue;
+      const std::string bare = std::string(argv[1]) + "/bare_" + std::to_string(c) + "_" + std::to_string(n);
+      std::FILE* b = std::fopen(bare.c_str(), "wb");
+      if (!b) return 1;
+      const unsigned char bare_sel = static_cast<unsigned char>(0x80u | c);
+      const auto count = static_cast<std::uint32_t>(n);
+      std::fwrite(&bare_sel, 1, 1, b);
+      std::fwrite(&count, sizeof count, 1, b);
+      std::fwrite(reinterpret_cast<const std::byte*>(p.data()) + gz::wire::kHeaderBytes, 1, bytes - gz::wire::kHeaderBytes, b);
+      std::fclose(b);
       ++files;
     }
   }

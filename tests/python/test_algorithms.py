@@ -30,22 +30,31 @@ def test_python_entry_points_take_the_registry_names() -> None:
 
 
 def test_wire_cost_is_the_payloads_the_algorithm_moves() -> None:
+    from gradzip._core import scatter_reduce_chunks
+
     n, P = 262_912, 4
     onebit = gradzip.Codec("onebit")
+
+    def body(codec: gradzip.Codec, k: int) -> int:  # a fixed-size payload crosses without its header
+        return codec.max_payload_bytes(k) - 32
+
     c = gradzip.algorithm_wire_cost("allgather", "onebit", n, P)
-    assert c["bytes"] == (P - 1) * onebit.max_payload_bytes(n)
+    assert c["bytes"] == (P - 1) * body(onebit, n)
     assert c["rounds"] == 1 and c["messages"] == P - 1
-    # scatter_reduce: each other rank's chunk, then this rank's chunk sum (fp16 by default) to P-1 ranks.
+    # scatter_reduce: each other rank's chunk (whole 512-element blocks), then
+    # this rank's chunk sum (fp16 by default) to P-1 ranks.
+    chunks = scatter_reduce_chunks(n, P, "onebit")
+    assert [k for _, k in chunks] == [66_048, 66_048, 65_536, 65_280]
     fp16 = gradzip.Codec("fp16")
     c = gradzip.algorithm_wire_cost("scatter_reduce", "onebit", n, P, rank=0)
-    chunk = n // P
-    assert c["bytes"] == (P - 1) * (onebit.max_payload_bytes(chunk) + fp16.max_payload_bytes(chunk))
+    assert c["bytes"] == sum(body(onebit, k) for _, k in chunks[1:]) + (P - 1) * body(fp16, chunks[0][1])
     assert c["rounds"] == 2
-    same = gradzip.algorithm_wire_cost("scatter_reduce", "onebit", n, P, server_codec="onebit")
-    assert same["bytes"] == 2 * (P - 1) * onebit.max_payload_bytes(chunk)
+    same = gradzip.algorithm_wire_cost("scatter_reduce", "onebit", n, P, rank=1, server_codec="onebit")
+    others = sum(body(onebit, k) for j, (_, k) in enumerate(chunks) if j != 1)
+    assert same["bytes"] == others + (P - 1) * body(onebit, chunks[1][1])
     # Two nodes of two: only the shard's allgather across crosses to the other node.
     h = gradzip.algorithm_wire_cost("hierarchical", "onebit", n, P, nodes=[0, 0, 1, 1])
-    assert h["remote_bytes"] == onebit.max_payload_bytes(n // 2)
+    assert h["remote_bytes"] == body(onebit, n // 2)
     assert h["rounds"] == 3
     with pytest.raises(gradzip.InvalidArgument, match="unknown algorithm"):
         gradzip.algorithm_wire_cost("auto", "onebit", n, P)

@@ -51,12 +51,15 @@ def test_bytes_per_step(suite, codec, low, high):
 @pytest.mark.parametrize("codec", ["onebit", "topk:density=0.01"])
 def test_allgather_saves_ratio_times_2_over_p_on_the_wire(suite, codec):
     # auto is allgather here (2 and 4 ranks): each payload goes to the P-1
-    # others, against the fp32 ring's 2(P-1)/P (docs/python.md). The
-    # pipeline's segments carry a header each, which `ratio` (one per bucket)
-    # does not count: measured 2-7% on this small model, never the other way.
+    # others, against the fp32 ring's 2(P-1)/P (docs/python.md). `ratio`
+    # counts one payload per bucket with its 32-byte header; on the wire a
+    # fixed-size codec's payload goes without it (docs/wire_format.md, bare
+    # bodies), and top-k's segments carry one each: on this small model
+    # (buckets of a few hundred payload bytes) the wire ratio is up to ~15%
+    # above the model's.
     stats, world = suite[0][f"stats/{codec}"], len(suite)
     model = stats["ratio"] * 2 / world
-    assert 0.9 * model <= stats["wire_ratio"] <= model, stats  # (the old ratio x P/(2(P-1)): 17x at 4 ranks)
+    assert 0.9 * model <= stats["wire_ratio"] <= 1.2 * model, stats  # (the old ratio x P/(2(P-1)): 17x at 4 ranks)
 
 
 def test_scatter_reduce_saves_the_harmonic_mean_of_its_two_codecs(suite):

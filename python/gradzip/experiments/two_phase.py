@@ -29,15 +29,12 @@ import numpy as np
 import gradzip
 
 
-def chunks(n: int, ranks: int) -> List[tuple]:
-    """(offset, count) of each rank's chunk, as comm/engine/allreduce.h's chunk_range."""
-    base, extra = divmod(n, ranks)
-    out, offset = [], 0
-    for j in range(ranks):
-        count = base + (1 if j < extra else 0)
-        out.append((offset, count))
-        offset += count
-    return out
+def chunks(n: int, ranks: int, codec: str = "none") -> List[tuple]:
+    """(offset, count) of each rank's chunk in scatter_reduce with `codec`
+    (comm/algorithms/algorithm.h's chunk_range on the codec's blocks)."""
+    from gradzip._core import scatter_reduce_chunks
+
+    return [tuple(c) for c in scatter_reduce_chunks(n, ranks, codec)]
 
 
 class AllgatherModel:
@@ -74,7 +71,7 @@ class ScatterReduceModel:
 
     def __call__(self, grads: Sequence[np.ndarray]) -> np.ndarray:
         out = np.zeros(grads[0].size, np.float32)
-        for j, (offset, count) in enumerate(chunks(out.size, self.ranks)):
+        for j, (offset, count) in enumerate(chunks(out.size, self.ranks, self.codec.spec)):
             chunk_sum = np.zeros(count, np.float32)
             for r, g in enumerate(grads):
                 part = np.ascontiguousarray(g[offset:offset + count])

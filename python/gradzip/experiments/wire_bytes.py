@@ -11,6 +11,13 @@ Every call of ``Communicator.allreduce`` / ``reduce_scatter`` is recorded
 (gloo; framing headers aside). Prints a markdown table: per method, the
 calls of >= 64K elements (the target: wire within 5% of the payloads) and
 all calls.
+
+    python -m gradzip.experiments.wire_bytes --exchange 209664 --ranks 16
+
+measures instead one call of ``CompressedAdamW``'s exchange (onebit, server
+onebit, scatter_reduce, over the torch transport) of that many elements on
+every rank, against issue 22's bound of 2(P-1)/P payloads of the whole
+buffer: each rank's bytes, their mean and the most one rank sent.
 """
 
 from __future__ import annotations
@@ -124,6 +131,50 @@ def _worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Seq
             json.dump(results, f)
 
 
+def _exchange_worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Sequence[int],
+                     n: int, out_path: str) -> None:
+    """One call of CompressedAdamW's exchange on n elements; rank 0 writes every rank's wire bytes."""
+    from .digits import Settings as DigitsSettings, _in_group
+
+    def body() -> List[int]:
+        import torch
+        import torch.distributed as dist
+
+        import gradzip
+        from gradzip.torch import _transports
+
+        comm = _transports.connect("torch", None, None, None)
+        x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+        stats = comm.allreduce(x, gradzip.Codec("onebit"), gradzip.ErrorFeedback(), op="avg",
+                               algorithm="scatter_reduce", server_codec="onebit")
+        every: List[Any] = [None] * ranks
+        dist.all_gather_object(every, int(stats["wire_bytes"]))
+        return every
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ranks),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks))
+    every = _in_group(rank, ranks, DigitsSettings(threads_per_rank=1), body)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(every, f)
+
+
+def exchange_row(ranks: int, n: int, timeout: float) -> Dict[str, Any]:
+    """Every rank's bytes of one CompressedAdamW exchange of n elements, against 2(P-1)/P payloads."""
+    import gradzip
+
+    from .digits import _run_ranks
+
+    every = _run_ranks(_exchange_worker, "wire_bytes", ranks, [], [0], n, timeout)
+    bound = 2 * (ranks - 1) / ranks * gradzip.Codec("onebit").max_payload_bytes(n)
+    formula = [gradzip.algorithm_wire_cost("scatter_reduce", "onebit", n, ranks, r, server_codec="onebit")["bytes"]
+               for r in range(ranks)]
+    mean = sum(every) / ranks
+    return {"ranks": ranks, "n": n, "wire": every, "formula": formula, "mean": mean, "most": max(every),
+            "bound": bound, "ratio": mean / bound, "ratio_most": max(every) / bound,
+            "vs_fp32_ring": 2 * (ranks - 1) / ranks * 4 * n / mean}
+
+
 def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     rows = []
     for r in results:
@@ -166,7 +217,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--width", type=int, default=lm.Settings.width)
     ap.add_argument("--json", help="write the per-call records here")
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--exchange", type=int, metavar="N",
+                    help="measure one CompressedAdamW exchange of N elements instead (issue 22's bound)")
     a = ap.parse_args(argv)
+    if a.exchange:
+        row = exchange_row(a.ranks, a.exchange, a.timeout)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(row, f, indent=1)
+        print(f"| {row['ranks']} | {row['mean']:,.0f} | {row['most']:,.0f} | {row['bound']:,.0f} | "
+              f"{row['ratio']:.4f} | {row['ratio_most']:.4f} | {row['vs_fp32_ring']:.1f}x |")
+        print("formula == measured on every rank:", [int(f) for f in row["formula"]] == row["wire"])
+        return 0
     settings = lm.Settings(steps=a.steps, width=a.width, eval_every=0)
     methods = lm.split_methods(a.methods) if ";" not in a.methods else [m for m in a.methods.split(";") if m]
     results = _run_ranks(_worker, "wire_bytes", a.ranks, methods, [0], settings, a.timeout)
