@@ -49,6 +49,7 @@ def _fields(state: Any, bucket: Any) -> List[Tuple[str, str]]:
         ("measured warm-up", "off" if state._warm is None else
          f"until {state.warmup_until} x{state.warmup_patience} (max {state.warmup_max}), "
          f"{'running' if state._warm.ended_at is None else f'ended at step {state._warm.ended_at}'}"),
+        ("momentum correction", "off" if state._mc is None else f"beta={state._mc.beta}"),
         ("step", str(state.step)),
         ("transport", state.transport),
         ("algorithm", state.algorithm),
