@@ -107,8 +107,9 @@ class CompressionState:
             by the averaged compressed momentum. ``"auto"`` (default): on when
             the optimizer seen at the first ``step()`` (as for ``adaptive``)
             is non-adaptive with one momentum in (0, 1) and no Nesterov,
-            with that momentum; ``None``: off; a float beta in (0, 1): on with
-            it. Plain error feedback under momentum SGD swings: on digits at
+            with that momentum, and onebit without a ``block=`` in its spec
+            then runs in blocks of 128; ``None``: off; a float beta in
+            (0, 1): on with it. Plain error feedback under momentum SGD swings: on digits at
             16 ranks onebit ended 10.8 points below fp32 (worst seed -20.8),
             with the correction within 1 (BENCHMARKS.md section 11, "digits
             under auto at 8 and 16 ranks"). The parameters' ``.grad`` then
