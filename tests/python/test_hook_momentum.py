@@ -85,6 +85,9 @@ def test_arguments_are_checked_and_pickled():
             CompressionState(momentum_correction=bad)
     state = pickle.loads(pickle.dumps(CompressionState(momentum_correction=0.9, adaptive=False)))
     assert state.momentum_correction == 0.9 and state._mc is not None and state._mc.beta == 0.9
+    assert state.codec.spec == "onebit:block=128"  # the pickle keeps "no block given" (canonical specs name one)
+    assert pickle.loads(pickle.dumps(CompressionState("onebit:block=512", momentum_correction=0.9,
+                                                      adaptive=False))).codec.spec == "onebit:block=512"
     off = pickle.loads(pickle.dumps(CompressionState(momentum_correction=None)))
     assert off.momentum_correction is None and off._mc is None
     assert CompressionState(adaptive=True, momentum_correction=0.9)._mc is None  # adaptive: never

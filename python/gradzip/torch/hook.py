@@ -405,6 +405,8 @@ class CompressionState:
             raise TypeError("a CompressionState with an explicit process_group cannot be pickled (a process "
                             "group cannot be); use the default group, or build the state in each rank")
         spec = self._given_codec.spec
+        if not self._block_given:  # keep "the block is the hook's to choose" (canonical specs name it)
+            spec = re.sub(r"(?<=[:,])block=\d+,?", "", spec).rstrip(":,")
         if self._ef_given and "ef=" not in spec:  # keep "the caller chose the error feedback" through the pickle
             spec += ("," if ":" in spec else ":") + "ef=on"
         return {"codec": spec, "warmup_steps": self.warmup_steps, "transport": self.transport,
