@@ -45,11 +45,13 @@ def _fields(state: Any, bucket: Any) -> List[Tuple[str, str]]:
     return [
         ("codec", state.codec.spec),
         ("adaptive optimizer", "not decided yet" if state._adaptive is None else str(state._adaptive)),
-        ("precondition", f"{state.precondition}: " + {None: "not decided yet", True: "on", False: "off"}[state._precond]),
+        ("precondition", f"{state.precondition}: "
+         + {None: "not decided yet", True: "on", False: "off"}[state._precond]),
         ("warmup_steps", str(state.warmup_steps)),
         ("measured warm-up", "off" if state._warm is None else
          f"until {state.warmup_until} x{state.warmup_patience} (max {state.warmup_max}), "
          f"{'running' if state._warm.ended_at is None else f'ended at step {state._warm.ended_at}'}"),
+        ("momentum correction", "off" if state._mc is None else f"beta={state._mc.beta}"),
         ("step", str(state.step)),
         ("transport", state.transport),
         ("algorithm", state.algorithm),

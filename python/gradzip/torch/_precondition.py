@@ -116,21 +116,25 @@ class Watch:
         self.covers = False  # the optimizer steps every watched parameter
         me = weakref.ref(self)
 
+        self._is_adaptive = is_adaptive
+
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             watch = me()
-            if watch is None:
-                return
-            mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
-            if watch.params & mine:
-                adaptive = is_adaptive(optimizer)
-                watch.adaptive = bool(watch.adaptive) or adaptive
-                if adaptive and watch.optimizer is None:
-                    watch.optimizer = weakref.ref(optimizer)
-                    watch.covers = watch.params <= mine
+            if watch is not None:
+                watch._observe(optimizer, {id(p) for g in optimizer.param_groups for p in g["params"]})
 
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._handle = register_optimizer_step_pre_hook(pre_hook)
+
+    def _observe(self, optimizer: Any, mine: set) -> None:
+        """An optimizer about to step the parameters with ids `mine`."""
+        if self.params & mine:
+            adaptive = self._is_adaptive(optimizer)
+            self.adaptive = bool(self.adaptive) or adaptive
+            if adaptive and self.optimizer is None:
+                self.optimizer = weakref.ref(optimizer)
+                self.covers = self.params <= mine
 
     def watch(self, params: List[torch.Tensor]) -> None:
         self.params.update(id(p) for p in params)
