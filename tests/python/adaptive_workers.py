@@ -57,6 +57,27 @@ def load_checkpoint(resume: Optional[Dict[str, Any]], model: torch.nn.Module, op
     return resume["step"]
 
 
+def run_steps(ddp: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, state: Any, rank: int, world: int,
+              start: int, steps: int, save_at: Optional[int], record: Any) -> "tuple[List[bool], Dict[str, Any]]":
+    """The hook tests' training loop, steps `start` to `steps`: a batch keyed by
+    (step, rank), backward, opt.step(), then record(step) for what the caller
+    keeps. Returns whether every rank held the same parameters after each
+    step, and the checkpoint taken after `save_at` steps ({} if none)."""
+    identical: List[bool] = []
+    saved: Dict[str, Any] = {}
+    for step in range(start, steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        identical.append(_identical(model, world))
+        record(step)
+        if save_at is not None and step + 1 == save_at:
+            saved = checkpoint(save_at, model, opt, state)
+    return identical, saved
+
+
 def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 6, save_at: Optional[int] = None,
           resume: Optional[Dict[str, Any]] = None, precondition: Any = "auto") -> Dict[str, Any]:
     """`steps` steps of the model under CompressionState(codec, precondition=...) with
@@ -73,19 +94,9 @@ def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 
     opt = _optimizer(kind, ddp.parameters())
     start = load_checkpoint(resume, model, opt, state)
     ddp.register_comm_hook(state, compression_hook)
-    identical: List[bool] = []
     specs: List[str] = []
-    saved: Dict[str, Any] = {}
-    for step in range(start, steps):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-        identical.append(_identical(model, world))
-        specs.append(state.codec.spec)
-        if save_at is not None and step + 1 == save_at:
-            saved = checkpoint(save_at, model, opt, state)
+    identical, saved = run_steps(ddp, model, opt, state, rank, world, start, steps, save_at,
+                                 lambda step: specs.append(state.codec.spec))
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"identical": identical, "specs": specs, "server": state.server_codec, "repr": repr(state),
             "algorithm": state._algorithm_now(),

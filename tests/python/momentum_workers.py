@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from adaptive_workers import _identical, checkpoint, load_checkpoint, make_model
+from adaptive_workers import load_checkpoint, make_model, run_steps
 from gradzip.torch import CompressionState, compression_hook
 
 BETA = 0.8
@@ -64,19 +64,9 @@ def train(rank: int, world: int, codec: str, mode: str = "auto", steps: int = 8,
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     start = load_checkpoint(resume, model, opt, state)
     ddp.register_comm_hook(state, reference_hook(BETA, 1) if mode == "reference" else compression_hook)
-    identical: List[bool] = []
     params: List[bytes] = []
-    saved: Dict[str, Any] = {}
-    for step in range(start, steps):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-        identical.append(_identical(model, world))
-        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().tobytes())
-        if save_at is not None and step + 1 == save_at:
-            saved = checkpoint(save_at, model, opt, state)
+    identical, saved = run_steps(ddp, model, opt, state, rank, world, start, steps, save_at, lambda step: params.append(
+        torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().tobytes()))
     return {"identical": identical, "params": params, "saved": saved, "final": params[-1],
             "beta": None if state._mc is None else state._mc.beta, "spec": state.codec.spec,
             "stats": state.compression_stats()}
