@@ -58,11 +58,13 @@ def load_checkpoint(resume: Optional[Dict[str, Any]], model: torch.nn.Module, op
 
 
 def run_steps(ddp: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, state: Any, rank: int, world: int,
-              start: int, steps: int, save_at: Optional[int], record: Any) -> "tuple[List[bool], Dict[str, Any]]":
+              start: int, steps: int, save_at: Optional[int], record: Any,
+              after_backward: Any = None) -> "tuple[List[bool], Dict[str, Any]]":
     """The hook tests' training loop, steps `start` to `steps`: a batch keyed by
-    (step, rank), backward, opt.step(), then record(step) for what the caller
-    keeps. Returns whether every rank held the same parameters after each
-    step, and the checkpoint taken after `save_at` steps ({} if none)."""
+    (step, rank), backward, after_backward(step) (the averaged gradients are
+    in .grad), opt.step(), then record(step) for what the caller keeps.
+    Returns whether every rank held the same parameters after each step, and
+    the checkpoint taken after `save_at` steps ({} if none)."""
     identical: List[bool] = []
     saved: Dict[str, Any] = {}
     for step in range(start, steps):
@@ -70,6 +72,8 @@ def run_steps(ddp: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, stat
         x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        if after_backward is not None:
+            after_backward(step)
         opt.step()
         identical.append(_identical(model, world))
         record(step)

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from adaptive_workers import _identical, checkpoint, load_checkpoint, make_model
+from adaptive_workers import load_checkpoint, make_model, run_steps
 from gradzip.torch import CompressionState, compression_hook
 
 
@@ -24,22 +24,18 @@ def train(rank: int, world: int, kw: Dict[str, Any], steps: int = 14, save_at: O
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     start = load_checkpoint(resume, model, opt, state)
     ddp.register_comm_hook(state, compression_hook)
-    identical: List[bool] = []
     warm: List[bool] = []
     norms: List[float] = []
-    saved: Dict[str, Any] = {}
-    for step in range(start, steps):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-        opt.zero_grad()
-        before = state.compression_stats()["uncompressed_steps"] if step else 0
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        warm.append(state.compression_stats()["uncompressed_steps"] > before)
+    before = [state.compression_stats()["uncompressed_steps"]]  # warm-up steps counted before this step
+
+    def after_backward(step: int) -> None:
+        now = state.compression_stats()["uncompressed_steps"]
+        warm.append(now > before[0])
+        before[0] = now
         norms.append(math.sqrt(sum(float(torch.sum(p.grad.double() ** 2)) for p in model.parameters())))
-        opt.step()
-        identical.append(_identical(model, world))
-        if save_at is not None and step + 1 == save_at:
-            saved = checkpoint(save_at, model, opt, state)
+
+    identical, saved = run_steps(ddp, model, opt, state, rank, world, start, steps, save_at, lambda step: None,
+                                 after_backward)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"identical": identical, "warm": warm, "norms": norms, "stats": state.compression_stats(),
             "final": flat.numpy().tobytes(), "saved": saved, "hook": state.state_dict()}

@@ -87,7 +87,7 @@ def scale(optimizer: Any, params: List[torch.Tensor]) -> Optional[torch.Tensor]:
         if s is None or s.numel() != p.numel():
             return None
         parts.append(s.reshape(-1).to(torch.float32))
-    d = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+    d = torch.cat(parts) if len(parts) > 1 else parts[0]  # _scale_of's tensors are fresh: clamped in place
     mean = float(d.mean())
     if not mean > 0.0 or mean != mean or mean == float("inf"):
         return None  # all zero (nothing learnt yet) or not finite: leave the bucket as it is
