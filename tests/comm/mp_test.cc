@@ -9,6 +9,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -45,6 +46,24 @@ class Mp : public ::testing::TestWithParam<int> {};
 // none over UCX equals the exact sum bit for bit (integer-valued inputs), for
 // both algorithms and uneven sizes (n % P != 0, n < P, n = 1, n = 0), and
 // average is that times 1/P.
+// The harness forks the ranks; a thread running beside it at the fork could
+// hold a lock the child then waits on forever (UCX's memory hooks did: a rank
+// hung in ucp_init). It refuses instead of hanging one run in a few.
+TEST(MpHarness, RefusesToForkBesideARunningThread) {
+  std::promise<void> release;
+  std::thread beside([done = release.get_future()]() mutable { done.wait(); });
+  try {
+    run_ranks(1, [](int) { return kOk; });
+    ADD_FAILURE() << "run_ranks forked while another thread ran";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("2 threads"), std::string::npos) << e.what();
+  }
+  release.set_value();
+  beside.join();
+  const auto res = run_ranks(1, [](int) { return kOk; });  // alone again: it forks
+  EXPECT_EQ(res[0].exit_code, kOk) << describe(res);
+}
+
 TEST_P(Mp, NoneIsExactForEveryAlgorithmAndSize) {
   const int P = GetParam();
   const auto res = run_ranks(P, [P](int rank) {

@@ -3,12 +3,16 @@
 // worker address should be. Each rank a process over UCX, the Store a
 // TcpStore on rank 0 with the job's token (as gradzip-run runs them).
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-#include <atomic>
 #include <iterator>
-#include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "comm/engine/agreement.h"
@@ -36,29 +40,82 @@ MpOptions opts(int timeout_s = 20, int limit_s = 90) {
 
 // A stranger hammering the job's store while it runs: it tries to forge the
 // agreement, plant UCX addresses, and fill the store (the issue's attacks).
-// Counts the connections the store closed on it; stops when told.
+// Counts the connections the store closed on it; stops when told. It is a
+// process, not a thread: run_ranks forks the ranks while it runs, and a fork
+// beside a running thread can leave a rank hung on a lock (multiprocess.h).
 class StrayClient {
  public:
-  explicit StrayClient(int port) : thread_([this, port] { run(port); }) {}
-  ~StrayClient() {
-    stop_ = true;
-    thread_.join();
+  explicit StrayClient(int port) {
+    int stop[2], result[2];
+    if (::pipe2(stop, O_CLOEXEC) != 0 || ::pipe2(result, O_CLOEXEC) != 0) GZ_THROW(IoError, "pipe failed");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::close(stop[1]);
+      ::close(result[0]);
+      const Counts c = run(port, stop[0]);
+      const std::string report = std::to_string(c.refused) + " " + std::to_string(c.accepted) + "\n" + c.why;
+      [[maybe_unused]] const auto n = ::write(result[1], report.data(), report.size());
+      ::_exit(0);
+    }
+    ::close(stop[0]);
+    ::close(result[1]);
+    stop_fd_ = stop[1];
+    result_fd_ = result[0];
   }
-  int refused() const { return refused_; }
-  int accepted() const { return accepted_; }
+  ~StrayClient() { finish(); }
+  int refused() {
+    finish();
+    return counts_.refused;
+  }
+  int accepted() {
+    finish();
+    return counts_.accepted;
+  }
   /// Why the last connection counted as accepted (empty when none did): a
   /// failure of the tests below says whether the store kept the stranger or
   /// answered it.
-  std::string why() const {
-    std::lock_guard lock(mu_);
-    return why_;
+  std::string why() {
+    finish();
+    return counts_.why;
   }
 
  private:
-  void run(int port) {
+  struct Counts {
+    int refused = 0, accepted = 0;
+    std::string why;
+  };
+
+  // Stops the process (closing the pipe it watches) and reads its counts.
+  void finish() {
+    if (pid_ <= 0) return;
+    ::close(stop_fd_);
+    std::string report;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(result_fd_, buf, sizeof buf)) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) break;
+      report.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(result_fd_);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    std::istringstream is(report);
+    is >> counts_.refused >> counts_.accepted;
+    is.get();
+    std::getline(is, counts_.why, '\0');
+  }
+
+  static bool told_to_stop(int stop_fd) {
+    pollfd p{stop_fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;  // the parent closed its end
+  }
+
+  static Counts run(int port, int stop_fd) {
+    Counts counts;
     std::mt19937 rng(5);
     const std::string big(1 << 20, 'f');
-    for (int i = 0; !stop_; ++i) {
+    for (int i = 0; !told_to_stop(stop_fd); ++i) {
       std::string junk(i % 2 ? 400 : 64, '\0');
       for (auto& c : junk) c = static_cast<char>(rng());
       const std::string attempts[] = {
@@ -72,27 +129,25 @@ class StrayClient {
           std::string got;
           const bool closed = closed_by_peer(fd.get(), &got);
           if (closed && got.size() < 64) {
-            ++refused_;
+            ++counts.refused;
           } else {
-            ++accepted_;
-            std::lock_guard lock(mu_);
-            why_ = "attempt " + std::to_string(k) + " of round " + std::to_string(i) + ": " +
-                   (closed ? "closed after " : "still open 5 s later, after ") + std::to_string(got.size()) +
-                   " reply bytes";
+            ++counts.accepted;
+            counts.why = "attempt " + std::to_string(k) + " of round " + std::to_string(i) + ": " +
+                         (closed ? "closed after " : "still open 5 s later, after ") + std::to_string(got.size()) +
+                         " reply bytes";
           }
         } catch (const IoError&) {
           // No server yet, or already gone.
         }
       }
     }
+    return counts;
   }
   static std::string encode_agree_fields() { return "codec=none\nn=1000\ndtype=float32\nalgorithm=allgather\nop=sum\n"; }
 
-  std::atomic<bool> stop_{false};
-  std::atomic<int> refused_{0}, accepted_{0};
-  mutable std::mutex mu_;
-  std::string why_;
-  std::thread thread_;
+  pid_t pid_ = -1;
+  int stop_fd_ = -1, result_fd_ = -1;
+  Counts counts_;
 };
 
 // "a stray client keeps writing gradzip/agree/<k>/<r> keys while a 2-rank

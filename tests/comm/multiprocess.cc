@@ -1,5 +1,6 @@
 #include "tests/comm/multiprocess.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -52,6 +53,16 @@ using Clock = std::chrono::steady_clock;
   ::_exit(code);
 }
 
+// Threads of this process (entries of /proc/self/task).
+std::size_t thread_count() {
+  std::size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
 }  // namespace
 
 int free_port() {
@@ -64,6 +75,14 @@ std::vector<RankOutcome> run_ranks(int P, const std::function<int(int)>& body, c
 }
 
 std::vector<std::vector<RankOutcome>> run_jobs(const std::vector<MpJob>& jobs) {
+  // A fork copies only the calling thread: a lock another thread held at that
+  // moment stays held in the child forever. UCX's memory hooks take one on
+  // every mmap, so a rank forked while a helper thread allocated hung in
+  // ucp_init (1 run in 6). Helpers that run beside the ranks are processes.
+  if (const std::size_t threads = thread_count(); threads > 1)
+    GZ_THROW(InvalidArgument, "run_jobs forks the ranks, but this process has ", threads,
+             " threads: a lock held by another thread at the fork would hang a rank. Start helpers "
+             "that run beside the ranks as processes (see StrayClient in mp_trust_test.cc).");
   const int shared_port = free_port();
   std::fflush(stdout);
   std::fflush(stderr);
@@ -140,6 +159,7 @@ std::vector<std::vector<RankOutcome>> run_jobs(const std::vector<MpJob>& jobs) {
         if (pids[i] < 0) continue;
         ::kill(pids[i], SIGKILL);
         ::waitpid(pids[i], nullptr, 0);
+        outcome(i).seconds = std::chrono::duration<double>(Clock::now() - start).count();
         outcome(i).timed_out = true;
         outcome(i).signal = SIGKILL;
         pids[i] = -1;

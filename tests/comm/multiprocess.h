@@ -1,6 +1,8 @@
 // Runs a test body as P real processes (fork), each with the torchrun
 // environment of one rank on 127.0.0.1, and collects what each printed, how
-// it ended and when. The parent never touches UCX, so each child starts clean.
+// it ended and when. The parent never touches UCX, so each child starts clean,
+// and it forks only while it has one thread (a thread's lock would stay held
+// in the child: run_jobs refuses).
 //
 // A body returns its exit code; exceptions map to codes (see RankExit), so a
 // test can assert how each rank failed. Every run is bounded: ranks still
