@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gradzip
-from gradzip import _sweep_plots
-from gradzip._sweep_results import Results
-from gradzip._sweep_run import _stop, find_tools
+from gradzip.sweep import _plots as _sweep_plots
+from gradzip.sweep._results import Results
+from gradzip.sweep._run import _stop, find_tools
 from gradzip.experiments import digits
 
 REPO = Path(__file__).resolve().parents[1]

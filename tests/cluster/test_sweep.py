@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gradzip import _sweep_grid as grid
-from gradzip import _sweep_registry as registry
-from gradzip import _sweep_table as table
+from gradzip.sweep import _grid as grid
+from gradzip.sweep import _registry as registry
+from gradzip.sweep import _table as table
 from gradzip import sweep
 
 

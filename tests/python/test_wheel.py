@@ -90,7 +90,7 @@ def _run(fresh: dict[str, object], *cmd: str, timeout: float = 300) -> subproces
 
 def test_gradzip_comes_from_the_wheel_alone(fresh: dict[str, object]) -> None:
     r = _run(fresh, str(fresh["py"]), "-c",
-             "import gradzip, gradzip._sweep_registry as r; print(gradzip.__file__); print(r.CHECKOUT)")
+             "import gradzip, gradzip.sweep._registry as r; print(gradzip.__file__); print(r.CHECKOUT)")
     assert r.returncode == 0, r.stderr
     where, checkout = r.stdout.split()
     assert Path(where).is_relative_to(fresh["venv"]), where

@@ -62,7 +62,7 @@ def table(records: Sequence[dict[str, Any]]) -> str:
 def write(records: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     """Per rank count: OUT/lm_<P>ranks.json as the experiment's --json writes it
     (settings, every run, the summary against fp32) and its --plot (needs matplotlib)."""
-    from .experiments import lm
+    from ..experiments import lm
 
     made: list[Path] = []
     rs = _records(records)

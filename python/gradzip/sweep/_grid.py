@@ -1,6 +1,6 @@
 """The sweep's grid: codec spec grids, sizes, links, and the points they make.
 
-The codec names come from the registry (_sweep_registry.py); the grid itself
+The codec names come from the registry (_registry.py); the grid itself
 is expanded here, by the grammar of ``gz::expand_spec_grid``
 (compressors/spec.cc)::
 
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ._sweep_registry import algorithm_names, codec_names, core
+from ._registry import algorithm_names, codec_names, core
 
 #: A point's mode: a bare allreduce (gradzip-bench), torch's gloo allreduce
 #: (the outside baseline), or a training run (--train digits).

@@ -26,9 +26,9 @@ from typing import Any
 PROGRAMS = ("gradzip-run", "gradzip-bench")
 
 _HERE = Path(__file__).resolve()
-#: The checkout this module runs from (python/gradzip/ -> ../..), or None when it is installed.
-CHECKOUT: Path | None = _HERE.parents[2] if (_HERE.parents[2] / "CMakeLists.txt").is_file() and \
-    _HERE.parent == _HERE.parents[2] / "python" / "gradzip" else None
+#: The checkout this module runs from (python/gradzip/sweep/ -> ../../..), or None when it is installed.
+CHECKOUT: Path | None = _HERE.parents[3] if (_HERE.parents[3] / "CMakeLists.txt").is_file() and \
+    _HERE.parents[1] == _HERE.parents[3] / "python" / "gradzip" else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,7 +87,7 @@ def find_binary(name: str, bin_dir: str | None = None) -> str | None:
 def registry() -> tuple[dict[str, Any], ...]:
     """Every codec: name, id, lossless, sparse, allgather_up_to_ranks, bench_specs."""
     try:
-        from ._core import codec_info
+        from .._core import codec_info
     except ImportError:
         bench = find_binary("gradzip-bench")
         if bench is None:
@@ -113,7 +113,7 @@ def core() -> Any:
     source of algorithm names, counts and links: comm/algorithms/registry.h,
     common/units.h), or None when it is not installed."""
     try:
-        from . import _core
+        from .. import _core
     except ImportError:
         return None
     return _core if hasattr(_core, "allreduce_algorithm_names") else None

@@ -24,15 +24,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ._sweep_grid import Grid, GridError, make_grid
-from ._sweep_plots import plot_all
-from ._sweep_registry import default_codecs
-from ._sweep_results import Results
-from ._sweep_run import SweepError, Timing, find_tools, run_points
-from ._sweep_table import report
+from ._grid import Grid, GridError, make_grid
+from ._plots import plot_all
+from ._registry import default_codecs
+from ._results import Results
+from ._run import SweepError, Timing, find_tools, run_points
+from ._table import report
 
 DEFAULTS: dict[str, Any] = {
-    "codecs": None,  # every codec's first benchmark spec (_sweep_registry.default_codecs)
+    "codecs": None,  # every codec's first benchmark spec (_registry.default_codecs)
     "algorithms": ["auto"],
     "sizes": ["1M", "4M", "16M"],
     "ranks": [4],
@@ -149,15 +149,15 @@ def build_grid(s: dict[str, Any]) -> Grid:
 
 
 def write_report(results: Results, grid: Grid, s: dict[str, Any], out: Path) -> list[Path]:
-    from . import _sweep_lm
+    from . import _lm
 
     text = report(results.records, s["compute_ms"], float(s["overlap"]), grid.codecs, s["title"])
-    lm = _sweep_lm.table(results.records)
+    lm = _lm.table(results.records)
     if lm:
         text += "\n## Training (lm)\n\nThe transformer (gradzip.experiments.lm); per rank count the experiment's " \
                 "JSON and plot: lm_<P>ranks.json, lm_<P>ranks.png.\n\n" + lm
     (out / "report.md").write_text(text, encoding="utf-8")
-    return [out / "report.md"] + plot_all(results.records, out) + _sweep_lm.write(results.records, out)
+    return [out / "report.md"] + plot_all(results.records, out) + _lm.write(results.records, out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,6 +210,3 @@ def main(argv: Sequence[str] | None = None) -> int:
           + (f"; wrote {', '.join(str(m) for m in made)}" if made else ""))
     return 1 if failures else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from ._sweep_grid import LOCAL, Point, fp32_link_bound_s, link_rate_bps
-from ._sweep_registry import CHECKOUT, PROGRAMS, find_program
-from ._sweep_results import Results
+from ._grid import LOCAL, Point, fp32_link_bound_s, link_rate_bps
+from ._registry import CHECKOUT, PROGRAMS, find_program
+from ._results import Results
 
 
 class SweepError(RuntimeError):
@@ -36,7 +36,7 @@ class SweepError(RuntimeError):
 
 
 #: torch.distributed's gloo allreduce, shipped in the package; run by its path (see its docstring).
-GLOO_SCRIPT = Path(__file__).resolve().parent / "baselines" / "gloo_allreduce.py"
+GLOO_SCRIPT = Path(__file__).resolve().parents[1] / "baselines" / "gloo_allreduce.py"
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Tools:
 
 
 def find_tools(bin_dir: str | None, train_cmd: str | None = None, train: str | None = None) -> Tools:
-    """gradzip-run and gradzip-bench as _sweep_registry.find_program finds them
+    """gradzip-run and gradzip-bench as _registry.find_program finds them
     (--bin-dir or $GRADZIP_BIN_DIR alone, else those that came with this
     gradzip, else PATH); a SweepError names each one missing and where it looked."""
     found: dict[str, str] = {}
@@ -103,7 +103,7 @@ def _wire_fraction(codec: str, ranks: int, algorithm: str, elements: int) -> flo
     (every rank receives P-1 payloads; fp32's ring moves 2(P-1)/P of the buffer).
     Without the compiled extension (a checkout's own tests): 1, the longest deadline."""
     try:
-        from ._core import Codec, InvalidArgument
+        from .._core import Codec, InvalidArgument
     except ImportError:
         return 1.0
     try:
@@ -306,7 +306,7 @@ def _take_training(group: Group, on_row: Callable[[Point, dict[str, Any]], None]
     except (OSError, ValueError) as e:
         return f"no readable result: {e}"
     if group.points[0].algorithm == "lm":
-        from ._sweep_lm import take
+        from ._lm import take
 
         return take(group.points, data, on_row)
     summary = {r.get("method"): r for r in data.get("summary", [])}

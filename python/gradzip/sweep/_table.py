@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from ._sweep_grid import fp32_link_bound_s
+from ._grid import fp32_link_bound_s
 
 
 def _fmt_bytes(b: float) -> str:
@@ -148,7 +148,7 @@ def scaling(records: Sequence[dict[str, Any]], compute_ms: Sequence[float], over
 
 def training(records: Sequence[dict[str, Any]]) -> str:
     """The --train digits points: accuracy and bytes per step."""
-    rs = [r for r in records if r.get("mode") == "train" and r.get("experiment") != "lm"]  # lm: _sweep_lm
+    rs = [r for r in records if r.get("mode") == "train" and r.get("experiment") != "lm"]  # lm: _lm
     if not rs:
         return ""
     lines = ["| method | ranks | test accuracy | wire bytes/step/rank | ratio vs fp32 |", "|---|---|---|---|---|"]

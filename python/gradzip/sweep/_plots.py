@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ._sweep_registry import codec_names
+from ._registry import codec_names
 
 _PALETTE = ("black", "tab:blue", "tab:cyan", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown",
             "tab:pink", "tab:olive")
@@ -213,7 +213,7 @@ def _plain(minor: bool = False) -> Any:
 
 
 def _rate_key(link: str) -> float:
-    from ._sweep_grid import link_rate_bps
+    from ._grid import link_rate_bps
 
     r = link_rate_bps(link)
     return r if r is not None else math.inf
