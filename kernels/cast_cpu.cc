@@ -2,7 +2,7 @@
 //
 // The portable loops call the element functions of kernels/cast.h. Where the
 // build targets AVX2 (+F16C for fp16) one 8-lane loop serves both formats,
-// each supplying only its 8-lane conversion; tests/codecs/test_cast.cc checks
+// each supplying only its 8-lane conversion; tests/codecs/cast_test.cc checks
 // that it gives the same bits as the element functions on every rounding
 // boundary, saturation and NaN case. (g++ does vectorize the portable loops,
 // but the 32->16-bit packing it emits is about a third slower.)

@@ -5,7 +5,7 @@
 // With AVX2 both passes run 8 lanes at a time; the conversions are the
 // integer and float-add steps of Fp8Format::encode / decode on lanes (F16C
 // has no 8-bit format), and 32 codes leave as one 32-byte store.
-// tests/codecs/test_fp8.cc checks the lanes against the element functions on
+// tests/codecs/fp8_test.cc checks the lanes against the element functions on
 // every code and on every rounding boundary.
 #include <algorithm>
 #include <cstring>

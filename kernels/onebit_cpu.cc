@@ -4,7 +4,7 @@
 //
 // With AVX-512 the full 32-element rows use masked adds and mask registers
 // (a third of the instructions of what g++ makes of the portable loop);
-// tests/codecs/test_onebit.cc checks both against an independent write-out of
+// tests/codecs/onebit_test.cc checks both against an independent write-out of
 // the summation order.
 #include <algorithm>
 #include <bit>

@@ -9,7 +9,7 @@
 // a round's multiply -> shift -> XOR chain is latency, not throughput, bound.
 //   AVX-512: one vector of 8 blocks per word (a group), XORs as vpternlogd.
 //   AVX2:    two vectors per word (even and odd blocks of a group).
-// tests/codecs/test_qsgd.cc (Philox.LaneDrawsAreTheScalarDraws) checks them against philox_uniform.
+// tests/codecs/qsgd_test.cc (Philox.LaneDrawsAreTheScalarDraws) checks them against philox_uniform.
 #include "kernels/cpu_loops.h"  // the ISA macros and <immintrin.h>
 #include "kernels/philox.h"
 

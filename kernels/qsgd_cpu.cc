@@ -11,7 +11,7 @@
 // dithers of up to kChunkGroups groups at once (cpu::philox_uniforms, SIMD
 // lanes) before quantizing them: the Philox rounds then run back to back,
 // interleaved, instead of one dependent chain per group.
-// tests/codecs/test_qsgd.cc checks both against the element functions.
+// tests/codecs/qsgd_test.cc checks both against the element functions.
 #include <algorithm>
 #include <cstring>
 

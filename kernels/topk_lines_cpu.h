@@ -11,7 +11,7 @@
 //
 // Each does the same thing: keys() is topk_key of kernels/topk.h lane by
 // lane (NaN included), and the masks have bit b for lane b. tests/codecs/
-// test_topk.cc checks all three against topk_key and a scalar compress.
+// topk_test.cc checks all three against topk_key and a scalar compress.
 #pragma once
 
 #include <array>

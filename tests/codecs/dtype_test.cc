@@ -41,7 +41,7 @@ std::vector<DtypeCase> all_cases() {
 
 // A 16-bit buffer (raw bits) and its exact float widening. The reference
 // conversions are the scalar element functions of kernels/cast.h (tested
-// bit by bit in test_cast.cc), not the loops under test.
+// bit by bit in cast_test.cc), not the loops under test.
 struct Buffer16 {
   Dtype dtype;
   std::vector<std::uint16_t> bits;
