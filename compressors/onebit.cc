@@ -71,7 +71,7 @@ constexpr BenchSpec kBench[] = {{"onebit", "onebit:block=512"}};
 
 extern const CodecDescriptor onebit{
     .name = "onebit",
-    .id = CodecId::OneBit,
+    .id = CodecId::Onebit,
     .summary = "1 sign bit per element + the means of the non-negative and negative values per block of B",
     .keys = kKeys,
     .make = [](const CodecConfig& c) -> std::unique_ptr<Codec> { return std::make_unique<OnebitCodec>(c); },

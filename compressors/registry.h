@@ -29,7 +29,7 @@
   X(None, 1, none, kernels::NoneLayout)      \
   X(Fp16, 2, fp16, kernels::CastLayout)      \
   X(Bf16, 3, bf16, kernels::CastLayout)      \
-  X(OneBit, 4, onebit, kernels::OnebitLayout) \
+  X(Onebit, 4, onebit, kernels::OnebitLayout) \
   X(TopK, 5, topk, kernels::TopkLayout)      \
   X(Qsgd, 6, qsgd, kernels::QsgdLayout)      \
   X(Fp8, 7, fp8, kernels::Fp8Layout)

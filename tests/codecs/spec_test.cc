@@ -18,7 +18,7 @@ TEST(Spec, ParsesEveryCodecWithDefaults) {
   EXPECT_TRUE(parse_spec("fp16").ef);
   EXPECT_EQ(parse_spec("bf16").id, CodecId::Bf16);
   const CodecConfig ob = parse_spec("onebit");
-  EXPECT_EQ(ob.id, CodecId::OneBit);
+  EXPECT_EQ(ob.id, CodecId::Onebit);
   EXPECT_EQ(ob.value("block"), 512);
   const CodecConfig tk = parse_spec("topk");
   EXPECT_EQ(tk.id, CodecId::TopK);

@@ -210,8 +210,8 @@ TEST(WireFormat, BodyBytesFormula) {
   EXPECT_EQ(wire::body_bytes(CodecId::Fp16, 0, 10), 20u);
   EXPECT_EQ(wire::body_bytes(CodecId::Bf16, 0, 10), 20u);
   // 1000 elements, block 512: 2 blocks of scales (16 B) + 32 sign words (128 B)
-  EXPECT_EQ(wire::body_bytes(CodecId::OneBit, 512, 1000), 16u + 128u);
-  EXPECT_EQ(wire::body_bytes(CodecId::OneBit, 512, 0), 0u);
+  EXPECT_EQ(wire::body_bytes(CodecId::Onebit, 512, 1000), 16u + 128u);
+  EXPECT_EQ(wire::body_bytes(CodecId::Onebit, 512, 0), 0u);
   EXPECT_EQ(wire::body_bytes(CodecId::TopK, 7, 100), 56u);
 }
 

@@ -73,7 +73,7 @@ std::vector<T> read_array(const std::byte* p, std::size_t count) {
     case CodecId::None: return floats(0, h.count, "value");
     case CodecId::Fp16: return halves(half_nan);
     case CodecId::Bf16: return halves(bf16_nan);
-    case CodecId::OneBit: {
+    case CodecId::Onebit: {
       const std::size_t blocks = kernels::onebit_blocks(h.count, h.param);
       if (auto r = floats(0, 2 * blocks, "scale (pos, neg interleaved)"); !r) return r;
       return words(8 * blocks, kernels::onebit_words(h.count), "sign word");
