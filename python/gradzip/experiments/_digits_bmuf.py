@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
-from . import digits
+from ._digits_method import Method, Settings
 
 _ON_OFF = {"on": True, "off": False}
 _TRANSPORTS = ("gradzip", "torch")
@@ -62,7 +62,7 @@ def parse(method: str) -> Tuple[str, Dict[str, Any]]:
     return spec, kwargs
 
 
-def setup(method: str, model: Any, seed: int, settings: digits.Settings) -> digits.Method:
+def setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
     import torch
 
     from gradzip.torch import BlockMomentum
@@ -79,7 +79,7 @@ def setup(method: str, model: Any, seed: int, settings: digits.Settings) -> digi
         opt.sync()
         opt.close()
 
-    return digits.Method(model, opt, bytes_per_step, shared_model=opt.global_model,
+    return Method(model, opt, bytes_per_step, shared_model=opt.global_model,
                          version=lambda: opt.compression_stats()["blocks"], finish=finish,
                          extra={"block_steps": opt.block_steps, "block_momentum": opt.block_momentum,
                                 "block_lr": opt.block_lr, "nesterov": opt.nesterov, "overlap": opt.overlap,

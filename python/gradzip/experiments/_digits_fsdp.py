@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Tuple
 
-from . import digits
+from ._digits_method import Method, Settings
 
 
 def parse(method: str) -> str:
@@ -29,7 +29,7 @@ def parse(method: str) -> str:
     return spec
 
 
-def setup(method: str, model: Any, seed: int, settings: digits.Settings) -> digits.Method:
+def setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -55,5 +55,5 @@ def setup(method: str, model: Any, seed: int, settings: digits.Settings) -> digi
         wire = state.compression_stats()["wire_bytes"] / steps
         return wire * ranks / (ranks - 1), wire  # payload: every chunk's, this rank's own included
 
-    return digits.Method(model, opt, bytes_per_step,
+    return Method(model, opt, bytes_per_step,
                          extra={"collective": "reduce_scatter", "fp32_wire_bytes_per_step": dense_wire})

@@ -37,7 +37,6 @@ the model every rank holds as training goes (time to accuracy).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import math
@@ -49,6 +48,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ._digits_method import Method, Settings
 
 DEFAULT_METHODS = [
     "fp32", "torch-fp16", "powersgd:rank=2", "fp16",
@@ -66,26 +67,6 @@ def default_methods() -> List[str]:
     named = {m.split(":")[0].split("@")[0] for m in DEFAULT_METHODS}
     codecs = [c["name"] for c in gradzip.codec_info() if not c["lossless"] and c["name"] not in named]
     return DEFAULT_METHODS + codecs + (GRADZIP_TRANSPORT_METHODS if gradzip.BUILD["ucx"] else [])
-
-
-@dataclass
-class Settings:
-    """Training settings; the defaults are the ones BENCHMARKS.md reports."""
-
-    epochs: int = 40
-    batch_per_rank: int = 32
-    lr: float = 0.1
-    # 0.8, not 0.9: with 0.9 (an effective step of 1.0) onebit with blocks of
-    # 512 diverged on this model while fp32 did not (docs/python.md).
-    momentum: float = 0.8
-    hidden: int = 128
-    powersgd_start: int = 2  # the smallest PowerSGD allows with error feedback
-    threads_per_rank: int = 1
-    #: Evaluate the shared model every this many steps, when it changed since
-    #: the last evaluation (0: only at the end); the accuracy curve goes to
-    #: Result.extra["curve"] as (training seconds, step, accuracy), with the
-    #: evaluations' time left out of the training time.
-    eval_every: int = 0
 
 
 @dataclass
@@ -121,25 +102,6 @@ def _model(hidden: int, seed: int):
         torch.nn.Linear(64, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, 10))
-
-
-@dataclass
-class Method:
-    """How one method trains: what the batches go through and what steps it,
-    set up by :func:`_setup` (DDP with or without a hook) or another family's
-    setup (see FAMILIES)."""
-
-    forward: Any                  # the module the batches go through (DDP, or the model itself)
-    optimizer: Any                # zero_grad() and step()
-    #: (steps) -> (payload, wire) bytes per step of this rank, called after training.
-    bytes_per_step: Callable[[int], Tuple[float, float]]
-    #: () -> context manager: the model every rank holds is in `model` inside it.
-    shared_model: Callable[[], Any] = contextlib.nullcontext
-    #: () -> a number that changes whenever the shared model does (evaluation
-    #: points); None: it changes with every step.
-    version: Optional[Callable[[], int]] = None
-    finish: Callable[[], None] = lambda: None  # after the last step (e.g. end a partial block)
-    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 def _setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
