@@ -138,3 +138,13 @@ def test_bmuf_mismatched_exact_below_fails_alike_on_every_rank():
     errors = run_ranks(w.bmuf_mismatch, 2, timeout=120)
     assert "exact_below" in errors[0] and "disagree" in errors[0], errors[0]
     assert all("exact_below" in e and "disagree" in e for e in errors)
+
+
+def test_experiments_read_exact_alike_for_bmuf_and_the_hook():
+    from gradzip.experiments import _digits_bmuf
+
+    spec, kw = _digits_bmuf.parse("onebit@bmuf:h=4,mu=0,algorithm=scatter_reduce,server=onebit,exact=1024")
+    assert spec == "onebit" and kw["exact_below"] == 1024 and kw["block_steps"] == 4
+    assert _digits_bmuf.parse("onebit@bmuf:h=4,exact=off")[1]["exact_below"] is None
+    with pytest.raises(ValueError, match="exact= takes an element count or off"):
+        _digits_bmuf.parse("onebit@bmuf:h=4,exact=lots")
