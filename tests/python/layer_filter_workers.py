@@ -302,6 +302,17 @@ def bmuf_suite(rank: int, world: int) -> Dict[str, Any]:
     m.load_state_dict(ckpt["model"])
     out["restore_other_filter"] = error_of(lambda: o.load_state_dict(ckpt["bmuf"]))
     o.close()
+
+    # Overlapped (the exchange on the background thread): the same exchange
+    # one block late; W identical on every rank, its exact part the fp32 average.
+    m = bmuf_model(rank)
+    o = make_bmuf(m, exact_below=EXACT_BELOW, overlap=True)
+    run(m, o, range(7))
+    o.sync()
+    g = o.state_dict()["global"]
+    out["overlap_identical"] = all(torch.equal(g, x) for x in everyone(g))
+    out["overlap_stats"] = o.compression_stats()
+    o.close()
     return out
 
 

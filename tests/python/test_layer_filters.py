@@ -128,6 +128,13 @@ def test_bmuf_exact_bytes_are_counted(bmuf):
         assert f["payload_bytes_per_block"] > u["payload_bytes_per_block"]
 
 
+def test_bmuf_filter_with_overlap(bmuf):
+    for r in bmuf:
+        assert r["overlap_identical"]
+        s = r["overlap_stats"]
+        assert s["blocks"] == 4 and 0 < s["uncompressed_bytes_per_step"] < s["wire_bytes_per_step"]
+
+
 def test_bmuf_filtered_checkpoint_resumes_bit_identically(bmuf):
     for r in bmuf:
         assert r["resume_equal"]
