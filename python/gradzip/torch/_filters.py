@@ -41,7 +41,7 @@ def is_exact(shape: Sequence[int], exact_below: int) -> bool:
 
 
 class Split:
-    """One segment's exact and compressed runs, with their scratch buffers."""
+    """The exact and compressed runs of one layout (a hook segment, a flat model, a chunk), with scratch buffers."""
 
     __slots__ = ("exact", "compressed", "n_exact", "n_compressed", "exact_ef", "scratch")
 

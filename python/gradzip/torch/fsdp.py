@@ -360,8 +360,9 @@ class CompressedReduceScatter(ReduceScatter):
                 return None
             return [(tuple(p._orig_size), p.padded_sharded_param_size.numel()) for p in group.fsdp_params]
         except AttributeError as e:
-            raise RuntimeError(f"gradzip FSDP layer filter (exact_below): this torch ({torch.__version__}) does not "
-                               f"expose FSDP's parameter layout as torch 2.15 does ({e}); use exact_below=None") from None
+            raise RuntimeError(f"gradzip FSDP layer filter (exact_below): this torch ({torch.__version__}) does "
+                               f"not expose FSDP's parameter layout as torch 2.15 does ({e}); use "
+                               f"exact_below=None") from None
 
     def __repr__(self) -> str:
         return f"CompressedReduceScatter({self.name!r}, {self.state!r})"
