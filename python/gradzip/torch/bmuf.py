@@ -138,8 +138,9 @@ class BlockMomentum:
             this many elements are averaged exact (fp32, gradzip's ``none``:
             the same bits on every rank); the others are gathered end to end
             and sent through the codec (in buffers of ``bucket_elements``),
-            so a block scale never spans a parameter of the other kind.
-            None (default): every parameter through the codec.
+            so a block scale never spans a parameter of the other kind
+            (one model copy more, the two gathered parts). None (default):
+            every parameter through the codec.
 
     Raises:
         ValueError: a bad value or arguments that do not go together (the
