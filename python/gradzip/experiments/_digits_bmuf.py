@@ -8,23 +8,35 @@ separated: ``h`` (block steps, required), ``mu`` (block momentum, default
 first N steps each end a block, default 0), ``nesterov=on|off``
 (default on), ``overlap=on|off`` (default off), ``algorithm`` (default auto),
 ``server`` (scatter_reduce's server codec, a spec without commas),
+``exact=N|off`` (the layer filter, BlockMomentum's ``exact_below``; the
+DDP hook's ``@hook:exact=`` in the LM experiment reads it alike),
 ``transport=gradzip|torch``: gradzip's own UCX connections (default here:
 the transport BENCHMARKS.md section 7 was measured over) or the gloo group
 itself (BlockMomentum's own default).
 
     onebit@bmuf:h=16                  topk:density=0.01@bmuf:h=4,overlap=on
     onebit@bmuf:h=16,algorithm=scatter_reduce,server=onebit
-    qsgd:bits=4@bmuf:h=16,transport=torch
+    qsgd:bits=4@bmuf:h=16,transport=torch     onebit@bmuf:h=16,exact=1024
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from ._digits_method import Method, Settings
 
 _ON_OFF = {"on": True, "off": False}
 _TRANSPORTS = ("gradzip", "torch")
+
+
+def exact_below_of(method: str, value: str) -> Optional[int]:
+    """A method's ``exact=N|off`` option: the layer filter's exact_below (None: off)."""
+    if value == "off":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"method {method!r}: exact= takes an element count or off, got {value!r}") from None
 
 
 def parse(method: str) -> Tuple[str, Dict[str, Any]]:
@@ -54,9 +66,11 @@ def parse(method: str) -> Tuple[str, Dict[str, Any]]:
             kwargs["server_codec"] = value
         elif key == "transport" and value in _TRANSPORTS:
             kwargs["transport"] = value
+        elif key == "exact":
+            kwargs["exact_below"] = exact_below_of(method, value)
         else:
             raise ValueError(f"method {method!r}: unknown option {item!r} (h, mu, lr, sync, nesterov=on|off, "
-                             f"overlap=on|off, algorithm, server, transport=gradzip|torch)")
+                             f"overlap=on|off, algorithm, server, exact=N|off, transport=gradzip|torch)")
     if "block_steps" not in kwargs:
         raise ValueError(f"method {method!r}: h=H (block steps) is required")
     return spec, kwargs
@@ -83,5 +97,5 @@ def setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
                          version=lambda: opt.compression_stats()["blocks"], finish=finish,
                          extra={"block_steps": opt.block_steps, "block_momentum": opt.block_momentum,
                                 "block_lr": opt.block_lr, "nesterov": opt.nesterov, "overlap": opt.overlap,
-                                "transport": opt.transport})
+                                "transport": opt.transport, "exact_below": opt.exact_below})
 

@@ -42,7 +42,8 @@ Methods (compared with fp32):
                              nesterov, ...) and: eval=ahead (evaluate the look-ahead
                              W + mu * Delta, DiLoCo's outer parameters, instead of W),
                              lrto=X (block_lr moves linearly from lr to X over the run),
-                             hlate=S:H (blocks of H steps from step S on)
+                             hlate=S:H (blocks of H steps from step S on), exact=N|off (the
+                             layer filter: BlockMomentum's exact_below, as @hook:exact=)
 
     python -m gradzip.experiments.lm --ranks 4 --methods fp32,onebit,onebit@cm --plot lm.png
 
@@ -294,7 +295,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         return Method(net, opt, lambda steps: opt.compression_stats()["wire_bytes_per_step"] * steps,
                       shared_model=lambda: opt.global_model(lookahead=lookahead), finish=finish, on_step=on_step,
                       extra={"block_momentum": opt.block_momentum, "block_lr": opt.block_lr,
-                             "sync_steps": opt.sync_steps, "lookahead": lookahead})
+                             "sync_steps": opt.sync_steps, "lookahead": lookahead,
+                             "exact_below": opt.exact_below})
     if "@cm" in method:
         from gradzip.torch import CompressedAdamW
 
@@ -346,6 +348,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
     if method == "torch-bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
         return Method(ddp, opt, lambda steps: ring * dense / 2 * steps)
+    from ._digits_bmuf import exact_below_of
+
     spec, opts = _options(method, "hook")
     kw = {}
     for key, value in opts.items():
@@ -356,7 +360,7 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         elif key == "server":
             kw["server_codec"] = value
         elif key == "exact":
-            kw["exact_below"] = None if value == "off" else int(value)
+            kw["exact_below"] = exact_below_of(method, value)
         elif key == "until":  # the measured warm-up (CompressionState's warmup_until)
             kw["warmup_until"] = float(value)
         elif key == "patience":

@@ -15,8 +15,9 @@ and once per block:
   becomes the average over ranks, sent compressed by the codec with the error
   feedback of buffer ``i`` (kept across calls: one state per buffer); every
   rank ends with the same bits. Returns the bytes this rank put on the wire.
-- ``average_exact_(flat)``: the same in fp32 (module buffers such as batch
-  norm statistics).
+- ``average_exact_(flat, part)``: the same in fp32 (module buffers such as
+  batch norm statistics; the parameters a layer filter keeps exact), the
+  same bits on every rank; ``part`` names the tensor (one state each).
 - ``broadcast_(flat)``: rank 0's values on every rank (the initial model).
 
 :class:`CommunicatorExchange` implements them over a
@@ -43,7 +44,7 @@ __all__ = ["CommunicatorExchange", "Background"]
 class CommunicatorExchange:
     """BMUF's exchange over a :class:`gradzip.Communicator`."""
 
-    __slots__ = ("comm", "codec", "algorithm", "server_codec", "_states", "_fp32", "_fp32_state")
+    __slots__ = ("comm", "codec", "algorithm", "server_codec", "_states", "_fp32", "_fp32_states")
 
     def __init__(self, comm: Any, codec: Any, algorithm: str, buffers: int,
                  server_codec: Optional[str] = None) -> None:
@@ -55,7 +56,8 @@ class CommunicatorExchange:
         self.server_codec = server_codec
         self._states: List[Any] = [gradzip.ErrorFeedback() for _ in range(buffers)]
         self._fp32 = gradzip.Codec("none")
-        self._fp32_state = gradzip.ErrorFeedback()
+        # The none codec keeps no residual, but a state is bound to one size: one per part.
+        self._fp32_states: Dict[str, Any] = {}
 
     @property
     def size(self) -> int:
@@ -70,8 +72,13 @@ class CommunicatorExchange:
                                     server_codec=self.server_codec)
         return int(stats["wire_bytes"])
 
-    def average_exact_(self, flat: torch.Tensor) -> int:
-        stats = self.comm.allreduce(flat, self._fp32, self._fp32_state, op="avg")
+    def average_exact_(self, flat: torch.Tensor, part: str = "module buffers") -> int:
+        import gradzip
+
+        state = self._fp32_states.get(part)
+        if state is None:
+            state = self._fp32_states[part] = gradzip.ErrorFeedback()
+        stats = self.comm.allreduce(flat, self._fp32, state, op="avg")
         return int(stats["wire_bytes"])
 
     def broadcast_(self, flat: torch.Tensor) -> None:

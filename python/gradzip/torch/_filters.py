@@ -1,5 +1,9 @@
-"""Layer filters of the DDP hook (CGX's): which parameters of a segment travel
-exact (fp32, no codec) and which through the codec.
+"""Layer filters (CGX's): which parameters travel exact (fp32, no codec) and
+which through the codec. One policy for the DDP hook (a segment of a bucket),
+BlockMomentum (the flat model update) and FSDP2 (each rank's chunk of a
+reduce-scatter input): :func:`check` validates the option, :func:`split_runs`
+splits any contiguous layout of parameters, :func:`gather` and
+:func:`scatter` move the runs in and out of one buffer per kind.
 
 A parameter travels exact when it has at most one dimension (biases, norm
 weights and gains) or fewer than ``exact_below`` elements. These hold a tiny
@@ -15,12 +19,20 @@ averaged with gradzip's ``none`` codec (the same bits on every rank).
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 # (offset in the segment, length) runs.
 Runs = List[Tuple[int, int]]
+
+
+def check(exact_below: Any) -> Optional[int]:
+    """`exact_below` if it is None or an integer >= 0 (not a bool); else ValueError."""
+    if exact_below is not None and (not isinstance(exact_below, int) or isinstance(exact_below, bool)
+                                    or exact_below < 0):
+        raise ValueError(f"exact_below must be None (no layer filter) or an integer >= 0, got {exact_below!r}")
+    return exact_below
 
 
 def is_exact(shape: Sequence[int], exact_below: int) -> bool:
@@ -29,7 +41,7 @@ def is_exact(shape: Sequence[int], exact_below: int) -> bool:
 
 
 class Split:
-    """One segment's exact and compressed runs, with their scratch buffers."""
+    """The exact and compressed runs of one layout (a hook segment, a flat model, a chunk), with scratch buffers."""
 
     __slots__ = ("exact", "compressed", "n_exact", "n_compressed", "exact_ef", "scratch")
 
@@ -50,15 +62,19 @@ class Split:
         return x
 
 
-def split_of(seg: Any, shapes: List[Tuple[int, ...]], exact_below: Optional[int]) -> Optional[Split]:
-    """The segment's split, or None when it has nothing to keep exact (or
-    nothing to compress: then the whole segment is sent as is) or filters are off."""
+def split_runs(layout: Iterable[Tuple[Sequence[int], int, int]], exact_below: Optional[int]) -> Optional[Split]:
+    """The split of a contiguous layout of parameters, given as (shape, offset,
+    elements) in order (elements may differ from the shape's: a shard), or
+    None when it has nothing to keep exact (or nothing to compress: then the
+    whole is sent as is) or filters are off (`exact_below` None)."""
     if exact_below is None:
         return None
     exact: Runs = []
     compressed: Runs = []
-    for key, off, m in zip(seg.keys, seg.offsets(), seg.numels):
-        runs = exact if is_exact(shapes[key], exact_below) else compressed
+    for shape, off, m in layout:
+        if m == 0:
+            continue
+        runs = exact if is_exact(shape, exact_below) else compressed
         if runs and sum(runs[-1]) == off:
             runs[-1] = (runs[-1][0], runs[-1][1] + m)
         else:
@@ -68,17 +84,39 @@ def split_of(seg: Any, shapes: List[Tuple[int, ...]], exact_below: Optional[int]
     return Split(exact, compressed)
 
 
-def _gather(x: torch.Tensor, runs: Runs, out: torch.Tensor) -> None:
+def split_of(seg: Any, shapes: List[Tuple[int, ...]], exact_below: Optional[int]) -> Optional[Split]:
+    """A DDP hook segment's split (:func:`split_runs` of its parameters)."""
+    if exact_below is None:
+        return None
+    return split_runs(((shapes[key], off, m) for key, off, m in zip(seg.keys, seg.offsets(), seg.numels)),
+                      exact_below)
+
+
+def split_flat(shapes: Sequence[Sequence[int]], exact_below: Optional[int]) -> Optional[Split]:
+    """The split of whole parameters of these shapes laid end to end (BlockMomentum's flat model)."""
+    def layout() -> Iterator[Tuple[Sequence[int], int, int]]:
+        off = 0
+        for shape in shapes:
+            m = math.prod(shape)
+            yield shape, off, m
+            off += m
+
+    return split_runs(layout(), exact_below)
+
+
+def gather(x: torch.Tensor, runs: Runs, out: torch.Tensor) -> None:
+    """out = x's runs, end to end. x and out may be (rows, n) matrices: each row alike."""
     o = 0
     for lo, m in runs:
-        out[o:o + m].copy_(x[lo:lo + m])
+        out[..., o:o + m].copy_(x[..., lo:lo + m])
         o += m
 
 
-def _scatter(src: torch.Tensor, runs: Runs, x: torch.Tensor) -> None:
+def scatter(src: torch.Tensor, runs: Runs, x: torch.Tensor) -> None:
+    """x's runs = src, end to end (the inverse of :func:`gather`)."""
     o = 0
     for lo, m in runs:
-        x[lo:lo + m].copy_(src[o:o + m])
+        x[..., lo:lo + m].copy_(src[..., o:o + m])
         o += m
 
 
@@ -92,17 +130,24 @@ def allreduce(comm: Any, codec: Any, seg: Any, split: Split, x: torch.Tensor, al
     sent = exact_sent = 0.0
     if split.n_compressed:
         c = split.buffer("compressed", split.n_compressed, x)
-        _gather(x, split.compressed, c)
+        gather(x, split.compressed, c)
         sent += comm.allreduce(c, codec, seg.ef, op="avg", algorithm=algorithm, server_codec=server_codec)["wire_bytes"]
-        _scatter(c, split.compressed, x)
+        scatter(c, split.compressed, x)
     e = split.buffer("exact", split.n_exact, x)
-    _gather(x, split.exact, e)
+    gather(x, split.exact, e)
     exact_sent = comm.allreduce(e, _NONE(gradzip), split.exact_ef, op="avg")["wire_bytes"]
-    _scatter(e, split.exact, x)
+    scatter(e, split.exact, x)
     return sent + exact_sent, exact_sent
 
 
 _none_codec: List[Any] = []
+
+
+def none_codec() -> Any:
+    """gradzip's ``none`` codec (fp32, the same bits on every rank): the exact part's."""
+    import gradzip
+
+    return _NONE(gradzip)
 
 
 def _NONE(gradzip: Any) -> Any:  # noqa: N802

@@ -13,13 +13,13 @@ import contextlib
 import hashlib
 import logging
 import math
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 
 from .. import _core
 from ..codec import Codec
-from . import _block_exchange, _transports
+from . import _block_exchange, _filters, _transports
 
 __all__ = ["BlockMomentum"]
 
@@ -133,6 +133,14 @@ class BlockMomentum:
             BENCHMARKS.md section 7 has both).
         bucket_elements: the update travels as buffers of at most this many
             elements, each with its own error feedback. Default 2**26 (256 MiB).
+        exact_below: the layer filter, as the DDP hook's (CGX's): parameters
+            with at most one dimension (biases, norm weights) or fewer than
+            this many elements are averaged exact (fp32, gradzip's ``none``:
+            the same bits on every rank); the others are gathered end to end
+            and sent through the codec (in buffers of ``bucket_elements``),
+            so a block scale never spans a parameter of the other kind
+            (one model copy more, the two gathered parts). None (default):
+            every parameter through the codec.
 
     Raises:
         ValueError: a bad value or arguments that do not go together (the
@@ -162,6 +170,7 @@ class BlockMomentum:
         "algorithm",
         "server_codec",
         "bucket_elements",
+        "exact_below",
         "local_optimizer",
         "world_size",
         # What BMUF keeps in step: the trained parameters (flattened in this
@@ -171,6 +180,7 @@ class BlockMomentum:
         "_buffers",
         "_n",
         "_payload_bytes",  # what the codec makes of one block's update
+        "_split",  # the layer filter's _filters.Split of the flat model (None: no filter)
         # Internal state. W and Delta: flat float32 on the parameters' device,
         # the same bits on every rank. Counters: this rank's.
         "_global",
@@ -209,7 +219,9 @@ class BlockMomentum:
         algorithm: str = "auto",
         server_codec: Optional[str] = None,
         bucket_elements: int = 1 << 26,
+        exact_below: Optional[int] = None,
     ) -> None:
+        _filters.check(exact_below)
         _check_int("block_steps", block_steps, 1)
         _check_int("sync_steps", sync_steps, 0)
         _check_int("bucket_elements", bucket_elements, 1)
@@ -237,6 +249,7 @@ class BlockMomentum:
         self.transport = transport
         self.algorithm = algorithm
         self.bucket_elements = bucket_elements
+        self.exact_below = None if self.codec.name == "none" else exact_below  # none: nothing to protect
         self.local_optimizer = local_optimizer
         self.world_size = comm.size
         self.block_steps = block_steps
@@ -252,9 +265,13 @@ class BlockMomentum:
             self._offsets.append(self._offsets[-1] + p.numel())
         self._n = self._offsets[-1]
         device = params[0].device
-        buckets = -(-self._n // bucket_elements)
-        self._payload_bytes = sum(self.codec.max_payload_bytes(min(bucket_elements, self._n - lo))
-                                  for lo in range(0, self._n, bucket_elements))
+        self._split = _filters.split_flat([tuple(p.shape) for p in params], self.exact_below)
+        n_codec = self._n if self._split is None else self._split.n_compressed  # what goes through the codec
+        buckets = -(-n_codec // bucket_elements)
+        self._payload_bytes = sum(self.codec.max_payload_bytes(min(bucket_elements, n_codec - lo))
+                                  for lo in range(0, n_codec, bucket_elements))
+        if self._split is not None:
+            self._payload_bytes += _filters.none_codec().max_payload_bytes(self._split.n_exact)
         self._exchange = _block_exchange.CommunicatorExchange(comm, self.codec, algorithm, buckets,
                                                              self.server_codec)
         self._owns_comm = communicator is None
@@ -290,8 +307,10 @@ class BlockMomentum:
         logger.info(
             "gradzip BlockMomentum: block_steps=%d sync_steps=%d codec=%s block_momentum=%g block_lr=%g "
             "nesterov=%s overlap=%s transport=%s (%s) algorithm=%s world_size=%d elements=%d update_buffers=%d "
-            "module_buffers=%d", block_steps, sync_steps, self.codec.spec, self.block_momentum, self.block_lr,
-            nesterov, overlap, transport, comm.transport, algorithm, self.world_size, self._n, buckets, len(buffers))
+            "module_buffers=%d exact_below=%s (%d elements exact)", block_steps, sync_steps, self.codec.spec,
+            self.block_momentum, self.block_lr, nesterov, overlap, transport, comm.transport, algorithm,
+            self.world_size, self._n, buckets, len(buffers), self.exact_below,
+            0 if self._split is None else self._split.n_exact)
 
     # -- training -------------------------------------------------------------
 
@@ -362,6 +381,9 @@ class BlockMomentum:
                 included, the initial broadcast not).
             wire_ratio: a DDP fp32 ring allreduce's bytes per step
                 (2(P-1)/P x the model) over wire_bytes_per_step.
+            uncompressed_bytes_per_step: the part of wire_bytes_per_step
+                sent in fp32: the parameters the layer filter keeps exact
+                (``exact_below``) and the module buffers.
         """
         s = self._stats
         steps, blocks = max(s["steps"], 1), max(s["blocks"], 1)
@@ -377,6 +399,7 @@ class BlockMomentum:
             "wire_bytes_per_block": s["wire_bytes"] / blocks,
             "wire_bytes_per_step": wire_step,
             "wire_ratio": ddp / wire_step if wire_step else math.nan,
+            "uncompressed_bytes_per_step": s["uncompressed_wire_bytes"] / steps,
         }
 
     # -- checkpoints ----------------------------------------------------------
@@ -388,7 +411,7 @@ class BlockMomentum:
         the local optimizer's state_dict. Collective with ``overlap`` (waits
         for the exchange in flight)."""
         if self._background is not None and self._background.busy:
-            self._count_wire(self._background.wait())
+            self._count_wire(*self._background.wait())
         return {
             "version": _STATE_VERSION,
             "config": self._structure(),
@@ -510,7 +533,7 @@ class BlockMomentum:
         first to keep the last block's steps."""
         if self._background is not None:
             if self._background.busy:
-                self._count_wire(self._background.wait())
+                self._count_wire(*self._background.wait())
             self._background.close()
         if self._owns_comm:
             self._exchange.comm.close()
@@ -520,7 +543,7 @@ class BlockMomentum:
                 f"codec='{self.codec.spec}', "
                 f"block_momentum={self.block_momentum:g}, block_lr={self.block_lr:g}, nesterov={self.nesterov}, "
                 f"overlap={self.overlap}, transport='{self.transport}', world_size={self.world_size}, "
-                f"elements={self._n})")
+                f"elements={self._n}, exact_below={self.exact_below})")
 
     # -- the block ------------------------------------------------------------
 
@@ -534,7 +557,7 @@ class BlockMomentum:
             else:
                 self._local_update(self._update)
                 self._before_exchange()
-                self._count_wire(self._average(self._update))
+                self._count_wire(*self._average(self._update))
                 self._filter(self._update)
                 self._start_point(self._update)
                 self._scatter_params(self._update)
@@ -549,14 +572,14 @@ class BlockMomentum:
         out until its average arrives, lost 10-60 points on digits.)"""
         if self._pending:  # the last block's update, exchanged meanwhile
             if self._background.busy:
-                self._count_wire(self._background.wait())
+                self._count_wire(*self._background.wait())
             self._filter(self._in_flight)
             self._pending = False
         if stepped:
             self._local_update(self._in_flight)
             self._before_exchange()
             if drain:
-                self._count_wire(self._average(self._in_flight))
+                self._count_wire(*self._average(self._in_flight))
                 self._filter(self._in_flight)
                 self._start_point(self._start)
             else:
@@ -599,23 +622,43 @@ class BlockMomentum:
         self._delta.mul_(self.block_momentum).add_(g)
         self._global.add_(self._delta)
 
-    def _average(self, flat: torch.Tensor) -> int:
-        """flat becomes the average over ranks (compressed, per bucket); returns the wire bytes."""
+    def _average(self, flat: torch.Tensor) -> Tuple[int, int]:
+        """flat becomes the average over ranks (compressed, per bucket; with
+        the layer filter, its exact parameters in fp32 and the others gathered
+        end to end through the codec); returns (wire bytes, of which fp32)."""
+        split = self._split
+        if split is None:
+            return self._average_codec(flat), 0
         wire = 0
-        for i, lo in enumerate(range(0, self._n, self.bucket_elements)):
+        if split.n_compressed:
+            c = split.buffer("compressed", split.n_compressed, flat)
+            _filters.gather(flat, split.compressed, c)
+            wire += self._average_codec(c)
+            _filters.scatter(c, split.compressed, flat)
+        e = split.buffer("exact", split.n_exact, flat)
+        _filters.gather(flat, split.exact, e)
+        exact = self._exchange.average_exact_(e, "exact parameters")
+        _filters.scatter(e, split.exact, flat)
+        return wire + exact, exact
+
+    def _average_codec(self, flat: torch.Tensor) -> int:
+        wire = 0
+        for i, lo in enumerate(range(0, flat.numel(), self.bucket_elements)):
             wire += self._exchange.average_(i, flat[lo:lo + self.bucket_elements])
         return wire
 
-    def _average_in_flight(self) -> int:
+    def _average_in_flight(self) -> Tuple[int, int]:
         return self._average(self._in_flight)
 
     def _average_buffers(self) -> None:
         flat = torch.cat([b.reshape(-1) for b in self._buffers])
-        self._count_wire(self._exchange.average_exact_(flat))
+        sent = self._exchange.average_exact_(flat)
+        self._count_wire(sent, sent)
         self._scatter(self._buffers, flat)
 
-    def _count_wire(self, nbytes: int) -> None:
+    def _count_wire(self, nbytes: int, uncompressed: int) -> None:
         self._stats["wire_bytes"] += nbytes
+        self._stats["uncompressed_wire_bytes"] += uncompressed
 
     # -- flat <-> parameters ----------------------------------------------------
 
@@ -639,7 +682,7 @@ class BlockMomentum:
         return {"world_size": self.world_size, "elements": self._n, "codec": self.codec.spec,
                 "algorithm": self.algorithm, "server_codec": self.server_codec,
                 "bucket_elements": self.bucket_elements, "nesterov": self.nesterov,
-                "overlap": self.overlap}
+                "overlap": self.overlap, "exact_below": self.exact_below}
 
 
 def _model_tensor(key: str, t: Any, n: int) -> torch.Tensor:
@@ -664,7 +707,7 @@ def _digest(checked: Dict[str, Any]) -> str:
 
 
 def _new_stats() -> Dict[str, Any]:
-    return {"steps": 0, "blocks": 0, "payload_bytes": 0, "wire_bytes": 0}
+    return {"steps": 0, "blocks": 0, "payload_bytes": 0, "wire_bytes": 0, "uncompressed_wire_bytes": 0}
 
 
 def _is_real(x: Any) -> bool:

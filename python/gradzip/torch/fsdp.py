@@ -25,10 +25,20 @@ Example::
 One :class:`FSDPCompressionState` holds the error feedback of every FSDP
 parameter group of the model, keyed by the FSDP module's name, so a restored
 state continues bit-identically (docs/python.md, "FSDP2").
+
+Layer filters (``exact_below``, the DDP hook's policy, _filters.py): FSDP's
+input is P chunks, one per rank, each the concatenation of every parameter's
+(padded) shard in the group's order, so every chunk has the same layout. The
+filter splits that layout once; the exact parameters' runs of every chunk go
+to one fp32 reduce-scatter (gradzip's ``none``: rank r gets the shards of its
+own exact parameters), the others' runs, gathered end to end per chunk, to the
+codec's, whose blocks then never span a parameter of the other kind; each
+result is put back in place in the output shard.
 """
 
 import logging
-from typing import Any, Dict, Optional, Sequence, Union
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -37,7 +47,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from .. import InvalidArgument
 from ..codec import Codec
-from . import _agreement, _torch_transport
+from . import _agreement, _filters, _torch_transport
 
 __all__ = ["CompressedReduceScatter", "FSDPCompressionState", "register"]
 
@@ -67,6 +77,15 @@ class FSDPCompressionState:
             two ranks.
         timeout: seconds for each reduce-scatter's waits (default
             ``GRADZIP_TIMEOUT_S``, 60).
+        exact_below: the layer filter, as the DDP hook's (CGX's): the shards
+            of parameters with at most one dimension (biases, norm weights)
+            or fewer than this many elements are reduce-scattered exact (fp32,
+            gradzip's ``none``), the others through the codec, gathered so
+            that a block scale never spans a parameter of the other kind.
+            None (default): every parameter through the codec. Needs the
+            group's parameter layout, which :func:`register` gives each
+            reduce-scatter; a reduce-scatter over another set of parameters
+            (some without gradients) goes through the codec whole.
 
     Gradient dtypes: float32 is reduced as it is. bfloat16 and float16
     (``MixedPrecisionPolicy(reduce_dtype=...)``) are upcast to float32 (exact),
@@ -75,11 +94,19 @@ class FSDPCompressionState:
     factors), computed as f x the sum.
     """
 
-    __slots__ = ("codec", "timeout", "_efs", "_comms", "_stats", "_world_size", "_agreed_ops")
+    __slots__ = ("codec", "timeout", "exact_below", "_efs", "_exact_efs", "_splits", "_comms", "_stats",
+                 "_world_size", "_agreed_ops")
 
-    def __init__(self, codec: Union[str, Codec] = "onebit", timeout: Optional[float] = None) -> None:
+    def __init__(self, codec: Union[str, Codec] = "onebit", timeout: Optional[float] = None,
+                 exact_below: Optional[int] = None) -> None:
+        _filters.check(exact_below)
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
         self.timeout = timeout
+        self.exact_below = None if self.codec.name == "none" else exact_below  # none: nothing to protect
+        # The exact parts' states (the none codec keeps no residual: nothing to
+        # checkpoint) and each group's split, keyed by FSDP module name.
+        self._exact_efs: Dict[str, Any] = {}
+        self._splits: Dict[str, Any] = {}
         self._efs: Dict[str, Any] = {}  # FSDP module name -> gradzip.ErrorFeedback
         self._comms: Dict[int, Any] = {}  # id(process group) -> (group, Communicator)
         self._world_size: Optional[int] = None
@@ -91,7 +118,8 @@ class FSDPCompressionState:
         checkpoint's counts): ``calls``; ``dense_bytes``: what torch's
         uncompressed reduce-scatter of the same tensors sends from this rank
         ((P-1)/P of the input, in its dtype); ``wire_bytes``: what gradzip
-        sent; ``wire_ratio``: dense / wire."""
+        sent; ``exact_wire_bytes``: the part of it the layer filter sent in
+        fp32 (``exact_below``); ``wire_ratio``: dense / wire."""
         s = dict(self._stats)
         s["wire_ratio"] = s["dense_bytes"] / s["wire_bytes"] if s["wire_bytes"] else float("nan")
         return s
@@ -103,6 +131,7 @@ class FSDPCompressionState:
         return {
             "version": _STATE_VERSION,
             "codec": self.codec.spec,
+            "exact_below": self.exact_below,
             "world_size": self._world_size,
             "groups": {name: ef.state_dict() for name, ef in self._efs.items()},
             "stats": dict(self._stats),
@@ -122,6 +151,9 @@ class FSDPCompressionState:
         if state.get("codec") != self.codec.spec:
             raise ValueError(f"the state_dict was saved with codec={state.get('codec')!r}, this state has "
                              f"{self.codec.spec!r}")
+        if state.get("exact_below") != self.exact_below:  # the residuals' layouts follow the filter
+            raise ValueError(f"the state_dict was saved with exact_below={state.get('exact_below')!r}, this state "
+                             f"has {self.exact_below!r}")
         from .. import ErrorFeedback
 
         groups, world, stats = state.get("groups"), state.get("world_size"), state.get("stats", {})
@@ -143,21 +175,25 @@ class FSDPCompressionState:
         self._stats.update(stats)
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"codec": self.codec.spec, "timeout": self.timeout, "state": self.state_dict()}
+        return {"codec": self.codec.spec, "timeout": self.timeout, "exact_below": self.exact_below,
+                "state": self.state_dict()}
 
     def __setstate__(self, d: Dict[str, Any]) -> None:
-        self.__init__(codec=d["codec"], timeout=d["timeout"])  # type: ignore[misc]
+        self.__init__(codec=d["codec"], timeout=d["timeout"], exact_below=d.get("exact_below"))  # type: ignore[misc]
         self.load_state_dict(d["state"])
 
     def __repr__(self) -> str:
-        return f"FSDPCompressionState(codec='{self.codec.spec}', groups={len(self._efs)})"
+        return (f"FSDPCompressionState(codec='{self.codec.spec}', exact_below={self.exact_below}, "
+                f"groups={len(self._efs)})")
 
     # -- the collective --------------------------------------------------------
 
     def reduce_scatter(self, name: str, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup,
-                       op: Any) -> None:
+                       op: Any, layout: Optional[Sequence[Any]] = None) -> None:
         """FSDP parameter group `name`'s reduce-scatter: output = this rank's
-        shard of op over ranks of input (world-size equal chunks)."""
+        shard of op over ranks of input (world-size equal chunks). `layout`:
+        the (shape, elements per chunk) of each parameter in a chunk, in
+        order, for the layer filter (None: the whole input through the codec)."""
         kind, factor = _parse_op(op)
         if input.dtype != torch.float32 and input.dtype not in _UPCAST:
             raise ValueError(f"gradzip's FSDP reduce-scatter takes float32, bfloat16 or float16 gradients; this "
@@ -170,12 +206,18 @@ class FSDPCompressionState:
             # agrees on the rest): the ranks compare it at the group's first
             # reduce-scatter, and again whenever it changes.
             _agreement.agree(group, [("FSDP module", name or "(root)"), ("reduce op", kind),
-                                     ("gradient divide factor", "none" if factor is None else repr(factor))],
+                                     ("gradient divide factor", "none" if factor is None else repr(factor)),
+                                     ("exact_below", repr(self.exact_below))],
                              "fsdp", "the FSDP reduce-scatter's agreement",
                              "gradzip FSDP reduce-scatter: the ranks reduce differently (every rank must use the "
-                             "same reduce op and gradient divide factor):", self.timeout)
+                             "same reduce op, gradient divide factor and exact_below):", self.timeout)
             self._agreed_ops[name] = (kind, factor)
         n = input.numel()
+        split = self._split(name, layout, n // comm.size) if n % comm.size == 0 else None
+        if split is not None:
+            wire, exact = self._reduce_scatter_split(name, split, output, input, comm, kind)
+            self._finish(comm, input, n, wire, exact, factor, output)
+            return
         ef = self._residual(name, n, comm.rank, comm.size)
         if input.dtype == torch.float32:
             stats = comm.reduce_scatter(input, output, self.codec, ef, op=kind, timeout=self.timeout)
@@ -184,12 +226,68 @@ class FSDPCompressionState:
             stats = comm.reduce_scatter(wide, None, self.codec, ef, op=kind, timeout=self.timeout)
             shard = n // comm.size
             output.copy_(wide[comm.rank * shard:(comm.rank + 1) * shard].view(output.shape))
+        self._finish(comm, input, n, stats["wire_bytes"], 0, factor, output)
+
+    def _finish(self, comm: Any, input: torch.Tensor, n: int, wire: float, exact: float, factor: Optional[float],
+                output: torch.Tensor) -> None:
+        """Applies the divide factor to the output shard; counts the call's bytes."""
         if factor is not None:
             output.mul_(factor)
         s = self._stats
         s["calls"] += 1
         s["dense_bytes"] += (comm.size - 1) * (n // comm.size) * input.element_size()
-        s["wire_bytes"] += stats["wire_bytes"]
+        s["wire_bytes"] += wire
+        s["exact_wire_bytes"] += exact
+
+    def _split(self, name: str, layout: Optional[Sequence[Any]], chunk: int) -> Any:
+        """The layer filter's split of a chunk of group `name`'s input (None:
+        the whole input through the codec: no filter, nothing exact, or an
+        input that is not the layout's: parameters without gradients)."""
+        if self.exact_below is None or layout is None:
+            return None
+        cached = self._splits.get(name)
+        if cached is None or cached[0] != layout:
+            entries, off = [], 0
+            for shape, m in layout:
+                entries.append((shape, off, m))
+                off += m
+            cached = self._splits[name] = (list(layout), off, _filters.split_runs(entries, self.exact_below))
+        if cached[1] != chunk:
+            logger.warning("gradzip FSDP reduce-scatter: group %r reduces %d elements per rank, its parameters hold "
+                           "%d (parameters without gradients?); this call goes through the codec whole", name,
+                           chunk, cached[1])
+            return None
+        return cached[2]
+
+    def _reduce_scatter_split(self, name: str, split: Any, output: torch.Tensor, input: torch.Tensor, comm: Any,
+                              kind: str) -> Any:
+        """The filtered reduce-scatter: every chunk's exact runs in fp32, its
+        other runs through the codec (this group's residual), each gathered
+        end to end per chunk in float32 (a 16-bit input is widened exactly)
+        and put back in place in the output. Returns (wire bytes, of them fp32)."""
+        from .. import ErrorFeedback
+
+        size = comm.size
+        chunks = input.view(size, -1)
+        shard = output.view(-1)
+        wire = 0.0
+        fp32 = torch.empty(0, dtype=torch.float32, device=input.device)  # what the parts are gathered in
+        if split.n_compressed:
+            c = split.buffer("compressed", size * split.n_compressed, fp32)
+            _filters.gather(chunks, split.compressed, c.view(size, -1))
+            ef = self._residual(name, c.numel(), comm.rank, size)
+            got = c.view(size, -1)[comm.rank]  # this rank's own chunk: reduced in place
+            wire += comm.reduce_scatter(c, None, self.codec, ef, op=kind, timeout=self.timeout)["wire_bytes"]
+            _filters.scatter(got, split.compressed, shard)
+        e = split.buffer("exact", size * split.n_exact, fp32)
+        _filters.gather(chunks, split.exact, e.view(size, -1))
+        exact_ef = self._exact_efs.get(name)
+        if exact_ef is None or (exact_ef.layout is not None and exact_ef.layout["n"] != e.numel()):
+            exact_ef = self._exact_efs[name] = ErrorFeedback()
+        exact = comm.reduce_scatter(e, None, _filters.none_codec(), exact_ef, op=kind,
+                                    timeout=self.timeout)["wire_bytes"]
+        _filters.scatter(e.view(size, -1)[comm.rank], split.exact, shard)
+        return wire + exact, exact
 
     def _communicator(self, group: dist.ProcessGroup) -> Any:
         """The communicator over `group`, made at its first reduce-scatter (every
@@ -228,9 +326,11 @@ class CompressedReduceScatter(ReduceScatter):
     for the FSDP module named `name` (its key in the state). :func:`register`
     installs one per FSDP module."""
 
-    def __init__(self, state: FSDPCompressionState, name: str) -> None:
+    def __init__(self, state: FSDPCompressionState, name: str, module: Optional[torch.nn.Module] = None) -> None:
         self.state = state
         self.name = name
+        # The FSDP module whose parameter layout the layer filter splits (weakly: the module holds this object).
+        self._module = None if module is None else weakref.ref(module)
 
     def allocate(self, size: Sequence[Union[int, torch.SymInt]], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
@@ -240,39 +340,58 @@ class CompressedReduceScatter(ReduceScatter):
                  op: Any, async_op: bool = False) -> Optional[dist.Work]:
         # Runs now, on the caller's thread and (CUDA) current stream, in FSDP's
         # order: the collective is never started from a callback.
-        self.state.reduce_scatter(self.name, output_tensor, input_tensor, group, op)
+        self.state.reduce_scatter(self.name, output_tensor, input_tensor, group, op, self._layout())
         if not async_op:
             return None
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result([output_tensor])
         return torch._C._distributed_c10d._create_work_from_future(fut)  # already complete
 
+    def _layout(self) -> Optional[List[Any]]:
+        """(shape, elements in each rank's chunk) of each parameter of the FSDP
+        module's group, in the order FSDP lays its reduce-scatter input out
+        (each parameter's padded shard); None without a module or filter."""
+        module = None if self._module is None or self.state.exact_below is None else self._module()
+        if module is None:
+            return None
+        try:  # torch's FSDPParamGroup and FSDPParam: private, as the ReduceScatter interface is
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is None:
+                return None
+            return [(tuple(p._orig_size), p.padded_sharded_param_size.numel()) for p in group.fsdp_params]
+        except AttributeError as e:
+            raise RuntimeError(f"gradzip FSDP layer filter (exact_below): this torch ({torch.__version__}) does "
+                               f"not expose FSDP's parameter layout as torch 2.15 does ({e}); use "
+                               f"exact_below=None") from None
+
     def __repr__(self) -> str:
         return f"CompressedReduceScatter({self.name!r}, {self.state!r})"
 
 
 def register(model: torch.nn.Module, codec: Union[str, Codec, None] = None, *,
-             state: Optional[FSDPCompressionState] = None, timeout: Optional[float] = None) -> FSDPCompressionState:
+             state: Optional[FSDPCompressionState] = None, timeout: Optional[float] = None,
+             exact_below: Optional[int] = None) -> FSDPCompressionState:
     """Compresses the gradient reduce-scatter of every FSDP module in `model`
     (``fully_shard`` applied first): each gets a :class:`CompressedReduceScatter`
     over one shared state, keyed by its module name. Returns the state: the
-    given one, or a new one with `codec` (default ``"onebit"``) and `timeout`.
+    given one, or a new one with `codec` (default ``"onebit"``), `timeout`
+    and `exact_below` (the layer filter: :class:`FSDPCompressionState`).
 
     Raises:
-        ValueError: `model` has no FSDP module, or both `state` and settings
-            (codec, timeout) were given.
+        ValueError: `model` has no FSDP module, both `state` and settings
+            (codec, timeout, exact_below) were given, or a bad exact_below.
     """
     from torch.distributed.fsdp import FSDPModule
 
     if state is None:
-        state = FSDPCompressionState("onebit" if codec is None else codec, timeout=timeout)
-    elif codec is not None or timeout is not None:
-        raise ValueError("pass either a state or its settings (codec, timeout), not both")
+        state = FSDPCompressionState("onebit" if codec is None else codec, timeout=timeout, exact_below=exact_below)
+    elif codec is not None or timeout is not None or exact_below is not None:
+        raise ValueError("pass either a state or its settings (codec, timeout, exact_below), not both")
     modules = [(name, m) for name, m in model.named_modules() if isinstance(m, FSDPModule)]
     if not modules:
         raise ValueError("the model has no FSDP module: apply torch.distributed.fsdp.fully_shard first")
     for name, module in modules:
-        module.set_custom_reduce_scatter(CompressedReduceScatter(state, name))
+        module.set_custom_reduce_scatter(CompressedReduceScatter(state, name, module))
     return state
 
 
@@ -290,5 +409,5 @@ def _parse_op(op: Any):
 
 
 def _new_stats() -> Dict[str, Any]:
-    return {"calls": 0, "dense_bytes": 0, "wire_bytes": 0}
+    return {"calls": 0, "dense_bytes": 0, "wire_bytes": 0, "exact_wire_bytes": 0}
 
