@@ -588,7 +588,7 @@ class CompressionState:
         logger.info("gradzip DDP hook: preconditioning by the optimizer's second moment: %s",
                     f"on ({type(opt).__name__})" if on else "off")
 
-    def _scale(self, bucket: dist.GradBucket) -> Optional[torch.Tensor]:
+    def _scale(self, bucket: dist.GradBucket, plan: Any) -> Optional[torch.Tensor]:
         """The bucket's preconditioner d (None: not this step: no second moment yet)."""
         opt = self._opt() if self._opt is not None else None
         if opt is None:  # a restored state, or the optimizer was replaced: the one over these parameters
@@ -599,7 +599,7 @@ class CompressionState:
                                  "steps this bucket's parameters: build (and restore) the optimizer before the "
                                  "first backward, or set precondition=False")
             self._opt = weakref.ref(opt)
-        return _precondition.scale(opt, bucket.parameters())
+        return _precondition.scale(opt, bucket.parameters(), plan.cache)
 
     def _set_momentum(self, seen: Optional[float]) -> None:
         """The momentum correction (the docstring's ``momentum_correction``),
