@@ -95,8 +95,10 @@ class CompressionState:
             scatter_reduce's onebit chunk sums go as qsgd 4-bit
             (``auto`` then runs scatter_reduce from 5 ranks, where
             allgather's bytes would grow past it: >= 8x fewer bytes than
-            fp32 at any rank count). An ``ef=`` in the codec spec (or a
-            :class:`gradzip.Codec`) and a ``server_codec`` are kept as given.
+            fp32 at any rank count); top-k keeps its biases and norm
+            weights exact (``exact_below="auto"``). An ``ef=`` in the codec
+            spec (or a :class:`gradzip.Codec`) and a ``server_codec`` are
+            kept as given.
         warmup_until: opt-in, a warm-up that ends on a measured criterion
             (None, default: the fixed ``warmup_steps`` only). The hook sends
             fp32 (a plain allreduce) until the relative change of an EMA
