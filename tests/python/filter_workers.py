@@ -56,3 +56,44 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
         stats = state.compression_stats()
         out[name] = {"exact_err": exact_err, "lossy_err": lossy_err, "identical": identical, "stats": stats}
     return out
+
+
+def adaptive_suite(rank: int, world: int, kind: str, codec: str = "topk:density=0.05",
+                   exact_below: Any = "auto") -> Dict[str, Any]:
+    """The hook's defaults (exact_below="auto") under an optimizer (`kind`:
+    adamw or sgd) stepping the model: per step from the third (the decision
+    is taken at the second), the largest error of the parameters under 1024
+    elements or of at most one dimension against the true average, and of
+    the 40 x 40 matrix; whether the ranks hold the same parameters."""
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=0.002)
+    state = CompressionState(codec=codec, exact_below=exact_below)
+    ddp.register_comm_hook(state, compression_hook)
+    opt = (torch.optim.AdamW(ddp.parameters(), lr=1e-2) if kind == "adamw"
+           else torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9))
+    small_err = big_err = 0.0
+    identical = True
+    for step in range(5):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+        ref = make_model()
+        ref.load_state_dict(model.state_dict())
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            everyone = [torch.empty_like(q.grad) for _ in range(world)]
+            dist.all_gather(everyone, q.grad)
+            err = float((p.grad - torch.stack(everyone).mean(0)).abs().max())
+            if step >= 2:
+                if p.dim() <= 1 or p.numel() < 1024:
+                    small_err = max(small_err, err)
+                else:
+                    big_err = max(big_err, err)
+        opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        got = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(got, flat)
+        identical &= all(torch.equal(got[0], t) for t in got)
+    return {"small_err": small_err, "big_err": big_err, "identical": identical,
+            "stats": state.compression_stats(), "exact": state._exact, "codec": state.codec.spec}

@@ -127,3 +127,38 @@ def test_resume_is_bit_identical():
     for w, a in zip(whole, again):
         assert a["final"] == w["final"] and all(a["identical"])
         assert a["stats"]["preconditioned_buckets"] == w["stats"]["preconditioned_buckets"] > 0
+
+
+def test_the_parameters_groups_are_kept_with_the_bucket_until_the_optimizer_changes(monkeypatch):
+    """scale() with the bucket's cache looks the parameters' groups up once,
+    not per bucket per step, and looks again when the optimizer's groups
+    change: the result is always the uncached one."""
+    calls = []
+    locate = _precondition._locate
+    monkeypatch.setattr(_precondition, "_locate", lambda opt, params: calls.append(1) or locate(opt, params))
+    ps, opt, _ = _stepped(torch.optim.AdamW, betas=(0.9, 0.95))
+    cache = {}
+    for _ in range(3):
+        assert torch.equal(_precondition.scale(opt, ps, cache), _precondition.scale(opt, ps))
+    assert len(calls) == 1 + 3  # the cached calls looked once; the uncached ones every time
+    # The same parameters in a new optimizer whose groups differ (betas): looked up again.
+    calls.clear()
+    other = torch.optim.AdamW([{"params": [ps[0]], "betas": (0.9, 0.5)}, {"params": [ps[1]]}])
+    for p in ps:
+        other.state[p] = {k: v.clone() for k, v in opt.state[p].items()}
+    got = _precondition.scale(other, ps, cache)
+    assert calls == [1] and torch.equal(got, _precondition.scale(other, ps))
+    assert not torch.equal(got, _precondition.scale(opt, ps))  # the groups' betas count
+    # A group's list edited in place (the parameters swapped between the groups): looked up again.
+    calls.clear()
+    g0, g1 = other.param_groups
+    g0["params"][0], g1["params"][0] = g1["params"][0], g0["params"][0]
+    got = _precondition.scale(other, ps, cache)
+    assert calls == [1] and torch.equal(got, _precondition.scale(other, ps))
+    # add_param_group: looked up again.
+    calls.clear()
+    extra = torch.nn.Parameter(torch.zeros(2))
+    other.add_param_group({"params": [extra]})
+    _precondition.scale(other, ps, cache)
+    _precondition.scale(other, ps, cache)
+    assert len(calls) == 1

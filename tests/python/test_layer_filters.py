@@ -26,13 +26,24 @@ def _message(make):
 @pytest.mark.parametrize("bad", BAD)
 def test_bad_exact_below_is_refused_alike_everywhere(bad):
     model = torch.nn.Linear(4, 3)
-    hook = _message(lambda: CompressionState(exact_below=bad))
-    assert "exact_below" in hook and repr(bad) in hook
-    assert _message(lambda: gz_fsdp.FSDPCompressionState(exact_below=bad)) == hook
+    plain = _message(lambda: _filters.check(bad))
+    assert "exact_below" in plain and repr(bad) in plain
+    assert _message(lambda: gz_fsdp.FSDPCompressionState(exact_below=bad)) == plain
     # Checked before BlockMomentum meets the other ranks (no process group here).
     assert _message(lambda: BlockMomentum(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                          exact_below=bad)) == hook
-    assert _message(lambda: _filters.check(bad)) == hook
+                                          exact_below=bad)) == plain
+    # The hook also takes "auto" (decided with the optimizer), and says so.
+    hook = _message(lambda: CompressionState(exact_below=bad))
+    assert hook == _message(lambda: _filters.check(bad, auto=True))
+    assert hook == plain.replace("must be None", "must be 'auto', None")
+
+
+def test_auto_is_the_hooks_alone():
+    assert CompressionState(exact_below="auto").exact_below == "auto"
+    assert _filters.check("auto", auto=True) == "auto"
+    for make in (lambda: _filters.check("auto"), lambda: gz_fsdp.FSDPCompressionState(exact_below="auto")):
+        with pytest.raises(ValueError, match="exact_below must be None"):
+            make()
 
 
 def test_split_of_a_flat_model_and_of_shards():

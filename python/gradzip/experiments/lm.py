@@ -19,7 +19,7 @@ Methods (compared with fp32):
     torch-bf16               torch's bf16_compress_hook
     <gradzip spec>           gradzip's DDP hook with its defaults, e.g. onebit, topk:density=0.01
     <spec>@hook:k=v,...      the hook with options: warmup=N (fixed warm-up steps),
-                             algorithm=..., server=<spec>, exact=N|off (layer filter),
+                             algorithm=..., server=<spec>, exact=N|off|auto (layer filter),
                              adaptive=auto|on|off (the hook's defaults for Adam; auto: seen),
                              pre=auto|on|off (compress in the optimizer's units: precondition),
                              until=TOL,patience=K,wmax=N (a warm-up that ends on a measured
@@ -360,7 +360,7 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         elif key == "server":
             kw["server_codec"] = value
         elif key == "exact":
-            kw["exact_below"] = exact_below_of(method, value)
+            kw["exact_below"] = "auto" if value == "auto" else exact_below_of(method, value)  # auto: the hook's own
         elif key == "until":  # the measured warm-up (CompressionState's warmup_until)
             kw["warmup_until"] = float(value)
         elif key == "patience":

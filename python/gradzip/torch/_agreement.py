@@ -52,6 +52,8 @@ def _fields(state: Any, bucket: Any) -> List[Tuple[str, str]]:
          f"until {state.warmup_until} x{state.warmup_patience} (max {state.warmup_max}), "
          f"{'running' if state._warm.ended_at is None else f'ended at step {state._warm.ended_at}'}"),
         ("momentum correction", "off" if state._mc is None else f"beta={state._mc.beta}"),
+        ("layer filter", f"exact_below={state.exact_below}: "
+         + ("off" if state._exact is None else f"parameters of <= 1 dimension or < {state._exact} elements")),
         ("step", str(state.step)),
         ("transport", state.transport),
         ("algorithm", state.algorithm),

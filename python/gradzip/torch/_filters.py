@@ -27,11 +27,15 @@ import torch
 Runs = List[Tuple[int, int]]
 
 
-def check(exact_below: Any) -> Optional[int]:
-    """`exact_below` if it is None or an integer >= 0 (not a bool); else ValueError."""
+def check(exact_below: Any, auto: bool = False) -> Any:
+    """`exact_below` if it is None or an integer >= 0 (not a bool), or with
+    `auto` (the DDP hook's: decided with the optimizer) "auto"; else ValueError."""
+    if auto and isinstance(exact_below, str) and exact_below == "auto":
+        return exact_below
     if exact_below is not None and (not isinstance(exact_below, int) or isinstance(exact_below, bool)
                                     or exact_below < 0):
-        raise ValueError(f"exact_below must be None (no layer filter) or an integer >= 0, got {exact_below!r}")
+        allowed = "'auto', None" if auto else "None"
+        raise ValueError(f"exact_below must be {allowed} (no layer filter) or an integer >= 0, got {exact_below!r}")
     return exact_below
 
 

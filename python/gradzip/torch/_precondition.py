@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -49,8 +49,32 @@ def supported(optimizer: Any) -> bool:
     return _kind(optimizer) is not None
 
 
-def _group_of(optimizer: Any) -> dict:
-    return {id(p): g for g in optimizer.param_groups for p in g["params"]}
+def _locate(optimizer: Any, params: List[torch.Tensor]) -> List[Tuple[Optional[dict], int]]:
+    """(group, position in its "params") of each of `params` ((None, 0): in no group)."""
+    at = {id(p): (g, j) for g in optimizer.param_groups for j, p in enumerate(g["params"])}
+    return [at.get(id(p), (None, 0)) for p in params]
+
+
+def _groups(optimizer: Any, params: List[torch.Tensor], cache: Optional[dict]) -> List[Optional[dict]]:
+    """Each of `params`' group in `optimizer` (None: not stepped by it).
+    `cache` (the bucket's plan cache) keeps the answer with, per parameter,
+    its position in its group's list: it is used again while the optimizer is
+    the same object, its param_groups the same dicts, and each parameter
+    still at its position (an ``add_param_group``, a list edited in place or
+    a replaced optimizer rebuild it); a parameter it found in no group is
+    looked for again every call."""
+    if cache is not None:
+        held = cache.get("precondition_groups")
+        if held is not None and held[0]() is optimizer:
+            _, ids, where = held
+            if ids == [id(g) for g in optimizer.param_groups] and all(
+                    g is not None and j < len(g["params"]) and g["params"][j] is p
+                    for p, (g, j) in zip(params, where)):
+                return [g for g, _ in where]
+    where = _locate(optimizer, params)
+    if cache is not None:
+        cache["precondition_groups"] = (weakref.ref(optimizer), [id(g) for g in optimizer.param_groups], where)
+    return [g for g, _ in where]
 
 
 def _scale_of(kind: str, state: dict, group: dict) -> Optional[torch.Tensor]:
@@ -70,18 +94,18 @@ def _scale_of(kind: str, state: dict, group: dict) -> Optional[torch.Tensor]:
     return None if v is None else v.sqrt()
 
 
-def scale(optimizer: Any, params: List[torch.Tensor]) -> Optional[torch.Tensor]:
+def scale(optimizer: Any, params: List[torch.Tensor], cache: Optional[dict] = None) -> Optional[torch.Tensor]:
     """d for a bucket holding `params`' gradients in this order (DDP's bucket
     layout): one float32 tensor of their total size on their device, floored
     at FLOOR x its mean; None when the optimizer has no second moment yet for
-    one of them (its first step, a parameter without a gradient so far)."""
+    one of them (its first step, a parameter without a gradient so far).
+    `cache`: a dict kept with the bucket (its plan's), where the parameters'
+    groups are kept between calls (see _groups)."""
     kind = _kind(optimizer)
     if kind is None:
         return None
-    groups = _group_of(optimizer)
     parts = []
-    for p in params:
-        group = groups.get(id(p))
+    for p, group in zip(params, _groups(optimizer, params, cache)):
         st = optimizer.state.get(p) if group is not None else None
         s = _scale_of(kind, st, group) if st else None
         if s is None or s.numel() != p.numel():

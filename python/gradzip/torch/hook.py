@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .. import _core
 from ..codec import Codec
-from . import _agreement, _layout, _momentum, _precondition, _transports, _worker
+from . import _agreement, _filters, _layout, _momentum, _precondition, _transports, _worker
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -70,7 +70,17 @@ class CompressionState:
             dimension (biases, norm weights) or fewer than this many elements
             are averaged exact (fp32), apart from the codec's part, whose block
             scales then never span them. None: no filter (every parameter
-            through the codec).
+            through the codec). ``"auto"`` (default): under an adaptive
+            optimizer (see ``adaptive``) and for top-k, the filter with
+            1024; otherwise none. Without error feedback top-k leaves a bias
+            or norm gain without a gradient on most steps, and Adam then barely
+            moves it: on the LM the filter took top-k 1% from +9.2 / +13.2 /
+            +13.2% to +4.9 / +9.4 / +10.3% of fp32's loss (seeds 0/1/2, 4
+            ranks) at 17.9x fewer bytes than fp32 instead of 24.8x
+            (BENCHMARKS.md section 11, "The hook's top-k under AdamW: the
+            layer filter"). The exact parameters' bytes are counted in
+            ``compression_stats()`` (``uncompressed_bytes_per_step``,
+            ``wire_ratio``).
         adaptive: whether an adaptive optimizer (Adam, AdamW and the like:
             one that divides each coordinate by a running second moment)
             applies these gradients. ``"auto"`` (default): seen at the first
@@ -85,8 +95,10 @@ class CompressionState:
             scatter_reduce's onebit chunk sums go as qsgd 4-bit
             (``auto`` then runs scatter_reduce from 5 ranks, where
             allgather's bytes would grow past it: >= 8x fewer bytes than
-            fp32 at any rank count). An ``ef=`` in the codec spec (or a
-            :class:`gradzip.Codec`) and a ``server_codec`` are kept as given.
+            fp32 at any rank count); top-k keeps its biases and norm
+            weights exact (``exact_below="auto"``). An ``ef=`` in the codec
+            spec (or a :class:`gradzip.Codec`) and a ``server_codec`` are
+            kept as given.
         warmup_until: opt-in, a warm-up that ends on a measured criterion
             (None, default: the fixed ``warmup_steps`` only). The hook sends
             fp32 (a plain allreduce) until the relative change of an EMA
@@ -172,6 +184,7 @@ class CompressionState:
         "_comm",
         "_worker",
         "_agreed",
+        "_exact",  # the layer filter's threshold in use (exact_below, or what "auto" decided), or None
         "_splits",  # layer filters: id(segment) -> (segment, _filters.Split or None)
         "_adaptive",  # None until decided (adaptive="auto"), then True or False
         "_seen",  # _Seen: adaptive="auto" watches the optimizer steps until it decides
@@ -192,7 +205,7 @@ class CompressionState:
         algorithm: str = "auto",
         communicator: Any = None,
         server_codec: Optional[str] = None,
-        exact_below: Optional[int] = None,
+        exact_below: Union[str, int, None] = "auto",
         adaptive: Union[str, bool] = "auto",
         warmup_until: Optional[float] = None,
         warmup_patience: int = 4,
@@ -200,9 +213,7 @@ class CompressionState:
         precondition: Union[str, bool] = "auto",
         momentum_correction: Union[str, float, None] = "auto",
     ) -> None:
-        if exact_below is not None and (not isinstance(exact_below, int) or isinstance(exact_below, bool)
-                                        or exact_below < 0):
-            raise ValueError(f"exact_below must be None (no layer filter) or an integer >= 0, got {exact_below!r}")
+        _filters.check(exact_below, auto=True)
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         if warmup_until is not None and (isinstance(warmup_until, bool) or not isinstance(warmup_until, (int, float))
@@ -250,11 +261,13 @@ class CompressionState:
         self.momentum_correction = (momentum_correction if momentum_correction in (None, "auto")
                                     else float(momentum_correction))
         self._mc: Optional[_momentum.MomentumCorrection] = None
+        self.exact_below = None if self.codec.name == "none" else exact_below  # none: nothing to protect
+        # The filter's threshold in use: exact_below, or for "auto" decided with the optimizer (_set_adaptive).
+        self._exact: Optional[int] = None if self.exact_below == "auto" else self.exact_below
+        self._splits: Dict[int, Any] = {}
         if adaptive != "auto" or self.codec.name not in _ADAPTIVE_CODECS:
             self._set_adaptive(adaptive is True)
             self._set_momentum(None)
-        self.exact_below = None if self.codec.name == "none" else exact_below  # none: nothing to protect
-        self._splits: Dict[int, Any] = {}
         self._world_size = 0
         self._saved_world: Optional[int] = None
         # The none codec over torch's group: DDP's own allreduce, bit for bit.
@@ -414,6 +427,8 @@ class CompressionState:
             self._seen = None
             self._adaptive = None
             self.codec, self.server_codec = self._given_codec, self._given_server
+            if self.exact_below == "auto":
+                self._exact, self._splits = None, {}
             if adaptive is not None:
                 self._set_adaptive(adaptive)
             elif state.get("adaptive_seen") in (True, False) and step > 0:
@@ -504,13 +519,11 @@ class CompressionState:
 
     def _split(self, seg: Any) -> Any:
         """The layer filter's split of a segment (None: compressed whole); cached."""
-        if self.exact_below is None:
+        if self._exact is None:
             return None
         cached = self._splits.get(id(seg))
         if cached is None or cached[0] is not seg:
-            from . import _filters
-
-            cached = self._splits[id(seg)] = (seg, _filters.split_of(seg, self._tracker.shapes(), self.exact_below))
+            cached = self._splits[id(seg)] = (seg, _filters.split_of(seg, self._tracker.shapes(), self._exact))
         return cached[1]
 
     def _set_adaptive(self, adaptive: bool) -> None:
@@ -525,6 +538,10 @@ class CompressionState:
             if server is None and codec.name == "onebit":
                 server = Codec(_ADAPTIVE_ONEBIT_SERVER).spec
         self.codec, self.server_codec = codec, server
+        if self.exact_below == "auto":
+            exact = _ADAPTIVE_EXACT_BELOW if adaptive and codec.name in _FILTERED_CODECS else None
+            if exact != self._exact:
+                self._exact, self._splits = exact, {}
 
     def _algorithm_now(self) -> str:
         """The algorithm the buckets run: as configured, except that for an
@@ -557,7 +574,8 @@ class CompressionState:
             adaptive = bool(seen.adaptive)
             self._set_adaptive(adaptive)
             self._set_momentum(seen.momentum)
-            if self.codec is not self._given_codec or self.server_codec != self._given_server:
+            if (self.codec is not self._given_codec or self.server_codec != self._given_server
+                    or self._exact is not None):
                 # Step 1's residuals belong to the other codec (or, from 5 ranks, to allgather): dropped.
                 for seg in self._tracker.segments():
                     seg.ef.reset()
@@ -588,7 +606,7 @@ class CompressionState:
         logger.info("gradzip DDP hook: preconditioning by the optimizer's second moment: %s",
                     f"on ({type(opt).__name__})" if on else "off")
 
-    def _scale(self, bucket: dist.GradBucket) -> Optional[torch.Tensor]:
+    def _scale(self, bucket: dist.GradBucket, plan: Any) -> Optional[torch.Tensor]:
         """The bucket's preconditioner d (None: not this step: no second moment yet)."""
         opt = self._opt() if self._opt is not None else None
         if opt is None:  # a restored state, or the optimizer was replaced: the one over these parameters
@@ -599,7 +617,7 @@ class CompressionState:
                                  "steps this bucket's parameters: build (and restore) the optimizer before the "
                                  "first backward, or set precondition=False")
             self._opt = weakref.ref(opt)
-        return _precondition.scale(opt, bucket.parameters())
+        return _precondition.scale(opt, bucket.parameters(), plan.cache)
 
     def _set_momentum(self, seen: Optional[float]) -> None:
         """The momentum correction (the docstring's ``momentum_correction``),
@@ -656,6 +674,11 @@ _ADAPTIVE_ONEBIT_BLOCK = 128
 # closer to fp32 on the LM); onebit was unchanged within the seeds' spread
 # (BENCHMARKS.md section 11, "The hook in the optimizer's units").
 _PRECONDITIONED_CODECS = ("topk",)
+# exact_below="auto": the layer filter for an adaptive optimizer, for these codecs, with this threshold
+# (on the LM top-k 1% went 3-4 points closer to fp32 with it: BENCHMARKS.md section 11,
+# "The hook's top-k under AdamW: the layer filter").
+_FILTERED_CODECS = ("topk",)
+_ADAPTIVE_EXACT_BELOW = 1024
 # onebit's block size under the momentum correction (a non-adaptive optimizer), unless the spec gives one.
 _SGD_ONEBIT_BLOCK = 128
 _ADAPTIVE_OPTIMIZERS = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adagrad", "Adadelta", "RMSprop", "SparseAdam",
@@ -820,7 +843,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     plan = state._tracker.plan(bucket.index(), bucket.parameters(), buffer.numel(), state._make_ef)
     scale = None
     if state._precond and not (state._dense or warming):
-        scale = state._scale(bucket)
+        scale = state._scale(bucket, plan)
         if scale is not None:
             state._stats["preconditioned_buckets"] += 1
     if state._dense or warming:
