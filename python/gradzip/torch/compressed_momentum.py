@@ -37,7 +37,6 @@ continues bit-identically.
 
 import logging
 import math
-import struct
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -85,7 +84,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
         self.sparsity_start = float(sparsity_start)
         self.sparsity_stages = sparsity_stages
         if sparsity_warmup:
-            final = _topk_density(self.codec.spec)
+            final = _topk_density(self.codec)
             if final is None:
                 raise ValueError(f"sparsity_warmup needs a top-k codec with a density (topk:density=D), got "
                                  f"{self.codec.spec!r}")
@@ -299,7 +298,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
         """Top-k's density at the `compressed_step`-th (0-based) compressed
         step: sparsity_start x (d / sparsity_start)^(s / stages) in stage s of
         the sparsity warm-up, d (the codec's) after it; None for other codecs."""
-        final = _topk_density(self.codec.spec)
+        final = _topk_density(self.codec)
         if final is None or compressed_step >= self.sparsity_warmup:
             return final
         stage = compressed_step * self.sparsity_stages // self.sparsity_warmup
@@ -314,16 +313,20 @@ class _CompressedMomentum(torch.optim.Optimizer):
             return self.codec, self.server_codec
         density = self.density_at(compressed_step)
         spec = _with_density(self.codec.spec, density)  # type: ignore[arg-type]
+        if self.server_codec == self.codec.spec:
+            return self._codec(spec), spec
+        server = _topk_density(self._codec(self.server_codec))
+        if server is None:
+            return self._codec(spec), self.server_codec
+        # A top-k server codec of its own density scales with the codec's.
+        scale = density / _topk_density(self.codec)  # type: ignore[operator]
+        return self._codec(spec), _with_density(self.server_codec, min(1.0, server * scale))
+
+    def _codec(self, spec: str) -> Codec:
+        """The Codec of a canonical spec (built once)."""
         if spec not in self._codecs:
             self._codecs[spec] = Codec(spec)
-        if self.server_codec == self.codec.spec:
-            return self._codecs[spec], spec
-        server = _topk_density(self.server_codec)
-        if server is None:
-            return self._codecs[spec], self.server_codec
-        # A top-k server codec of its own density scales with the codec's.
-        scale = density / _topk_density(self.codec.spec)  # type: ignore[operator]
-        return self._codecs[spec], _with_density(self.server_codec, min(1.0, server * scale))
+        return self._codecs[spec]
 
     def _clip(self, g: torch.Tensor, scale: float) -> None:
         """g's L2 norm clipped at clip_norm x scale (no-op without clip_norm)."""
@@ -341,7 +344,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
         momentum there."""
         masks = []
         for ef in self._ef:
-            _, worker, _ = _ef_parse(ef)
+            worker, _ = ef.residuals()
             masks.append(torch.from_numpy(worker == 0))
         if not masks:  # one rank: nothing travels, everything counts as sent
             return torch.ones(self._n, dtype=torch.bool, device=self._m.device)
@@ -364,7 +367,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
         sent = 0.0
         for i, lo in enumerate(buckets):
             if efs[i].bound and efs[i].spec != codec.spec:  # the sparsity warm-up's next density
-                efs[i] = _ef_respec(efs[i], codec.spec)
+                efs[i].respec(codec.spec)
             stats = self._comm.allreduce(flat[lo:lo + self.bucket_elements], codec, efs[i], op="avg",
                                          algorithm="scatter_reduce", server_codec=server or codec.spec)
             sent += stats["wire_bytes"]
@@ -801,16 +804,11 @@ def _ddp_hook(opt: _CompressedMomentum, bucket: dist.GradBucket) -> torch.future
 # -- top-k density and error-feedback helpers (DGC's sparsity warm-up, factor masking) --
 
 
-def _topk_density(spec: str) -> Optional[float]:
-    """The density of a canonical ``topk:density=...`` spec; None for any other codec (or ``k=``)."""
-    name, _, opts = spec.partition(":")
-    if name != "topk":
+def _topk_density(codec: Codec) -> Optional[float]:
+    """The density of a ``topk:density=...`` codec; None for any other codec (or ``k=``)."""
+    if codec.name != "topk" or codec.params["k"]:
         return None
-    for item in opts.split(","):
-        key, _, value = item.partition("=")
-        if key == "density":
-            return float(value)
-    return None
+    return float(codec.params["density"])
 
 
 def _with_density(spec: str, density: float) -> str:
@@ -818,49 +816,3 @@ def _with_density(spec: str, density: float) -> str:
     name, _, opts = spec.partition(":")
     items = [f"density={density:.6g}" if i.startswith("density=") else i for i in opts.split(",")]
     return Codec(f"{name}:{','.join(items)}").spec
-
-
-_EF_MAGIC = 0x46455A47  # "GZEF": comm/engine/error_feedback.cc's saved format
-
-
-def _ef_parse(ef: Any) -> Tuple[Dict[str, Any], "np.ndarray", "np.ndarray"]:
-    """(header fields, worker residual, server residual) of a bound collective
-    ErrorFeedback, read from its saved bytes (version 2: u32 magic, u32
-    version, u32 spec bytes, spec, u64 n, u32 rank, u32 world, u8 algorithm,
-    u64 worker count, u64 server count, the residuals as f32, u64 checksum)."""
-    import numpy as np
-
-    data = bytes(ef.state_dict()["data"])
-    magic, version, k = struct.unpack_from("<III", data, 0)
-    if magic != _EF_MAGIC or version != 2:
-        raise RuntimeError(f"unexpected saved error feedback format (magic {magic:#x}, version {version})")
-    pos = 12 + k
-    spec = data[12:pos].decode("ascii")
-    n, rank, world, algo, wc, sc = struct.unpack_from("<QIIBQQ", data, pos)
-    pos += struct.calcsize("<QIIBQQ")
-    worker = np.frombuffer(data, dtype="<f4", count=wc, offset=pos)
-    server = np.frombuffer(data, dtype="<f4", count=sc, offset=pos + 4 * wc)
-    return {"codec": spec, "n": n, "rank": rank, "world": world, "algorithm": algo}, worker, server
-
-
-def _ef_respec(ef: Any, spec: str) -> Any:
-    """A new collective ErrorFeedback bound to codec `spec` holding `ef`'s
-    residuals (the same buffer, rank and algorithm): the sparsity warm-up
-    changes top-k's density, and the residual carries on. Written in the
-    saved format's version 1 (the same fields, no checksum), which restore()
-    still reads and checks field by field."""
-    import numpy as np
-
-    import gradzip
-
-    head, worker, server = _ef_parse(ef)
-    if not (np.isfinite(worker).all() and np.isfinite(server).all()):
-        raise FloatingPointError("the error feedback's residual holds NaN or infinite values at a change of "
-                                 "top-k's density: the training diverged before it")
-    enc = spec.encode("ascii")
-    data = (struct.pack("<III", _EF_MAGIC, 1, len(enc)) + enc +
-            struct.pack("<QIIBQQ", head["n"], head["rank"], head["world"], head["algorithm"], worker.size,
-                        server.size) + worker.tobytes() + server.tobytes())
-    out = gradzip.ErrorFeedback()
-    out.load_state_dict({"version": 2, "role": "collective", "data": data})
-    return out
