@@ -427,7 +427,10 @@ class CompressedAdamW(_CompressedMomentum):
       (sqrt(v / bc2) + eps): torch.optim.AdamW's update.
     - compressed (g this rank's): m = avg_ranks(beta1 m + (1 - beta1) g),
       compressed; p = p (1 - lr wd) - lr (m / bc1) / d, with d = sqrt(v /
-      bc2) + eps frozen at the end of the full-precision stage.
+      (1 - beta2^c)) + eps frozen at the end of the full-precision stage
+      (and refrozen by each refresh), c the updates v holds (one per
+      full-precision step: a refresh is bias-corrected by v's own count,
+      not by the step).
 
     Args:
         params: float32 parameters (or param groups with their own lr and
@@ -439,11 +442,21 @@ class CompressedAdamW(_CompressedMomentum):
             (server-side error feedback); default: the codec itself.
         warmup_codec: how the full-precision stage averages the gradient:
             a gradzip spec, sent two-phase with error feedback (default
-            ``"fp8"``: 4x fewer bytes than fp32), or None
+            ``"fp8:format=e5m2"``: 4x fewer bytes than fp32), or None
             for fp32 (DDP's allreduce through :meth:`register_ddp`'s hook).
+            The variance frozen at the end is measured from what this codec
+            delivers, so it must keep each coordinate's magnitude: e5m2's
+            exponent spans 2^31 within a block of 512, e4m3's (``"fp8"``,
+            the former default) 2^17, below which small coordinates arrive
+            as zeros or as error feedback's bursts, and a wrong variance
+            for the rest of the run (+13% on the LM's seed 1; e5m2: -1.8%;
+            BENCHMARKS.md section 11).
         min_warmup_steps, max_warmup_steps: bounds of the full-precision
-            stage (defaults 20 and 100: its bytes count against the whole
-            run's ratio).
+            stage (defaults 40 and 100: its bytes count against the whole
+            run's ratio). Keep the minimum at or past the learning rate's
+            warm-up: a variance frozen earlier holds the first steps' large
+            gradients (the LM, 30-step LR warm-up: frozen at 20, +10.9%; at
+            40, -9.5%; BENCHMARKS.md section 11).
         variance_tolerance: the full-precision stage ends at the first check
             where the bias-corrected second moment changed by at most this
             fraction (L1) since the previous check (default 0.5: its start-up
@@ -500,12 +513,12 @@ class CompressedAdamW(_CompressedMomentum):
     """
 
     _KIND = "adamw"
-    DEFAULT_MIN_WARMUP = 20
+    DEFAULT_MIN_WARMUP = 40
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, *, codec: Union[str, Codec] = "onebit",
-                 server_codec: Optional[str] = None, warmup_codec: Optional[str] = "fp8",
-                 min_warmup_steps: int = 20, max_warmup_steps: int = 100,
+                 server_codec: Optional[str] = None, warmup_codec: Optional[str] = "fp8:format=e5m2",
+                 min_warmup_steps: int = DEFAULT_MIN_WARMUP, max_warmup_steps: int = 100,
                  variance_tolerance: float = 0.5, check_every: int = 10, variance_refresh: int = 20,
                  process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24,
                  compress: str = "momentum", sparsity_warmup: int = 0, sparsity_start: float = 0.25,
@@ -540,6 +553,7 @@ class CompressedAdamW(_CompressedMomentum):
             raise ValueError(f"variance_refresh must be an integer >= 0, got {variance_refresh!r}")
         self.variance_refresh = variance_refresh
         self._v = torch.zeros_like(self._m)
+        self._v_count = 0  # the updates v holds (its bias correction is 1 - beta2^count)
         self._denom = torch.empty(0, device=self._m.device)  # frozen sqrt(v / bc2) + eps
         self._mloc = torch.empty(0, device=self._m.device)  # innovation: this rank's own momentum
         self._snapshot = torch.empty(0, device=self._m.device)  # v / bc2 at the last check
@@ -557,14 +571,16 @@ class CompressedAdamW(_CompressedMomentum):
             # gradient, then the step as a compressed one (the ranks' own
             # momenta take the averaged gradient).
             self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-            self._refreshed()
+            self._v_count += 1
+            self._set_denom()
             self._update_step(g)
             return
         if self._mloc.numel():  # a variance refresh in innovation mode: the ranks' own momenta too
             self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
         self._m.mul_(b1).add_(g, alpha=1.0 - b1)
         self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-        bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+        self._v_count += 1
+        bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** self._v_count
         direction = self._g  # g is consumed
         for grp, lo, hi in self._groups():
             torch.div(self._v[lo:hi], bc2, out=direction[lo:hi]).sqrt_().add_(grp["eps"])
@@ -585,10 +601,8 @@ class CompressedAdamW(_CompressedMomentum):
         return t >= self.min_warmup_steps and self.variance_change <= self.variance_tolerance
 
     def _freeze(self) -> None:
-        _, b2 = self._betas()
         self._denom = torch.empty_like(self._v)
-        for grp, lo, hi in self._groups():
-            torch.div(self._v[lo:hi], 1.0 - b2 ** self._step, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
+        self._set_denom()
         self._snapshot = torch.empty(0, device=self._m.device)
         if self.compress in ("innovation", "update"):
             self._mloc = self._m.clone()
@@ -606,9 +620,28 @@ class CompressedAdamW(_CompressedMomentum):
         return (step - self._frozen_at) % self.variance_refresh == 0 and k & (k - 1) == 0
 
     def _refreshed(self) -> None:
+        self._set_denom()
+
+    def _set_denom(self) -> None:
+        """d = sqrt(v / (1 - beta2^count)) + eps: v bias-corrected by the updates it holds."""
         _, b2 = self._betas()
+        bc2 = 1.0 - b2 ** max(self._v_count, 1)
         for grp, lo, hi in self._groups():
-            torch.div(self._v[lo:hi], 1.0 - b2 ** self._step, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
+            torch.div(self._v[lo:hi], bc2, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
+
+    def _count_v_updates(self) -> int:
+        """The updates v holds after self._step steps, for a state_dict saved
+        before v counted them: every step while warming up (and with
+        local_variance), one per refresh step after the freeze."""
+        if not self._frozen_at or self.local_variance:
+            return self._step
+        return self._frozen_at + sum(self._full_precision_at(t) for t in range(self._frozen_at + 1, self._step + 1))
+
+    def _descend_frozen(self, direction: torch.Tensor) -> None:
+        """p = p (1 - lr wd) - lr (m / bc1) / d; `direction` is scratch."""
+        b1, _ = self._betas()
+        torch.div(self._m, self._denom, out=direction)
+        self._apply(direction, 1.0 / (1.0 - b1 ** self._step))
 
     def _compressed_step(self, g: torch.Tensor) -> None:
         b1, _ = self._betas()
@@ -628,8 +661,7 @@ class CompressedAdamW(_CompressedMomentum):
         else:
             self._m.mul_(b1).add_(g, alpha=1.0 - b1)
             self._average_compressed_(self._m)
-        torch.div(self._m, self._denom, out=self._g)
-        self._apply(self._g, 1.0 / (1.0 - b1 ** self._step))
+        self._descend_frozen(self._g)
 
     def _update_step(self, g: torch.Tensor) -> None:
         """update mode: DGC's momentum correction with Adam's frozen
@@ -642,7 +674,8 @@ class CompressedAdamW(_CompressedMomentum):
         self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
         if self.local_variance:  # this rank's own Adam: the variance of its own gradients, never frozen
             self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-            self._refreshed()
+            self._v_count += 1
+            self._set_denom()
         bc1 = 1.0 - b1 ** self._step
         torch.div(self._mloc, self._denom, out=g)
         for grp, lo, hi in self._groups():
@@ -674,6 +707,7 @@ class CompressedAdamW(_CompressedMomentum):
         state["local_variance"] = self.local_variance
         state["snapshot"] = self._snapshot.clone()
         state["variance_change"] = self.variance_change
+        state["v_count"] = self._v_count
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:  # type: ignore[override]
@@ -689,6 +723,7 @@ class CompressedAdamW(_CompressedMomentum):
         super().load_state_dict(state)
         self._snapshot = state["snapshot"].clone().to(self._m.device)
         self.variance_change = float(state["variance_change"])
+        self._v_count = int(state["v_count"]) if "v_count" in state else self._count_v_updates()
         if not self._frozen_at:
             self._denom = torch.empty(0, device=self._m.device)
             self._mloc = torch.empty(0, device=self._m.device)
