@@ -444,13 +444,12 @@ class CompressedAdamW(_CompressedMomentum):
             a gradzip spec, sent two-phase with error feedback (default
             ``"fp8:format=e5m2"``: 4x fewer bytes than fp32), or None
             for fp32 (DDP's allreduce through :meth:`register_ddp`'s hook).
-            The variance frozen at the end is measured from what this codec
-            delivers, so it must keep each coordinate's magnitude: e5m2's
-            exponent spans 2^31 within a block of 512, e4m3's (``"fp8"``,
-            the former default) 2^17, below which small coordinates arrive
-            as zeros or as error feedback's bursts, and a wrong variance
-            for the rest of the run (+13% on the LM's seed 1; e5m2: -1.8%;
-            BENCHMARKS.md section 11).
+            Adam's steps in this stage see each coordinate of what this
+            codec delivers, so it must keep small coordinates: e5m2 spans
+            2^31 within a block of 512, e4m3 (``"fp8"``, the former
+            default) 2^17, below which they arrive as zeros or as error
+            feedback's bursts (the LM's seed 1: e4m3 +13%, e5m2 -1.8%, fp32
+            -0.0%; BENCHMARKS.md section 11).
         min_warmup_steps, max_warmup_steps: bounds of the full-precision
             stage (defaults 40 and 100: its bytes count against the whole
             run's ratio). Keep the minimum at or past the learning rate's
