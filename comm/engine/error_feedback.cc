@@ -176,6 +176,39 @@ void ErrorFeedback::restore(std::string_view saved) {
   agreed_.reset();  // a restore is a new start: agree again
 }
 
+std::pair<std::vector<float>, std::vector<float>> ErrorFeedback::residuals() const {
+  GZ_ENFORCE(layout_.has_value(), "this error feedback state was never used or restored; it holds no residual");
+  if (pending_) return {pending_worker_, pending_server_};
+  std::vector<float> worker(layout_->worker_count), server(layout_->server_count);
+  if (!worker.empty()) mem::to_host(worker.data(), worker_.data(), 4 * worker.size(), device_, nullptr);
+  if (!server.empty()) mem::to_host(server.data(), server_.data(), 4 * server.size(), device_, nullptr);
+  return {std::move(worker), std::move(server)};
+}
+
+void ErrorFeedback::respec(std::string_view spec) {
+  GZ_ENFORCE(layout_.has_value(), "this error feedback state was never used or restored; nothing to respec");
+  Layout l = *layout_;
+  GZ_ENFORCE(l.algorithm != Algorithm::Hierarchical,
+             "a hierarchical error feedback state cannot change its codec (its residuals depend on the nodes)");
+  const CodecConfig cfg = parse_spec(spec);  // throws InvalidArgument for an unknown codec
+  const auto [worker, server] = residual_counts(cfg, l.n, static_cast<int>(l.rank), static_cast<int>(l.world),
+                                                l.algorithm, nullptr);
+  l.codec = cfg.canonical();
+  if (worker != l.worker_count || server != l.server_count)
+    GZ_THROW(InvalidArgument, "cannot respec the error feedback of ", describe(*layout_), " to ", l.codec,
+             ": its residuals would have ", worker, " + ", server, " floats, not ", l.worker_count, " + ",
+             l.server_count);
+  // One NaN would reach every rank's result through the next payload.
+  const auto [w, s] = residuals();
+  for (const std::vector<float>* r : {&w, &s})
+    for (const float x : *r)
+      if (!std::isfinite(x))
+        GZ_THROW(InvalidArgument, "the error feedback's residual holds NaN or infinite values at a change of its "
+                 "codec to ", l.codec, ": the training diverged before it");
+  layout_ = std::move(l);
+  agreed_.reset();  // the next call agrees on the new codec
+}
+
 void ErrorFeedback::reset() {
   layout_.reset();
   worker_.release();

@@ -61,6 +61,15 @@ class ErrorFeedback {
   void restore(std::string_view bytes);
   /// Forgets layout and residuals: the next call starts from zeros.
   void reset();
+  /// Rebinds a bound state to codec `spec`, keeping its residuals, when the
+  /// layout's residual sizes are the same for it (top-k at another density:
+  /// DGC's sparsity warm-up). The next call agrees on the new codec. Throws
+  /// InvalidArgument for an unbound or hierarchical state, other residual
+  /// sizes, or residuals that are not finite (the training diverged).
+  void respec(std::string_view spec);
+  /// The worker and server residuals (layout's worker_count and server_count
+  /// floats), copied to the host. Throws InvalidArgument on an unbound state.
+  std::pair<std::vector<float>, std::vector<float>> residuals() const;
 
   bool bound() const { return layout_.has_value(); }
   /// Bytes of residual memory held.

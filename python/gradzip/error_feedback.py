@@ -118,6 +118,27 @@ class ErrorFeedback:
         """Forgets role and residuals: the next use starts from zeros, in either role."""
         ErrorFeedback.__init__(self)
 
+    def residuals(self) -> Any:
+        """Collective role: (worker, server), copies of the residuals as float32
+        numpy arrays (the server residual is empty except for scatter_reduce).
+        Raises InvalidArgument for an unbound state or the codec role (whose
+        residual is :attr:`residual`)."""
+        if self._role != COLLECTIVE or not self.bound:
+            raise InvalidArgument("residuals() needs a bound collective error feedback state (role 'collective'); "
+                                  f"this one is {self!r}")
+        worker, server = self._native.residuals()
+        return np.frombuffer(worker, dtype=np.float32), np.frombuffer(server, dtype=np.float32)
+
+    def respec(self, spec: str) -> None:
+        """Collective role: binds the state to codec `spec`, keeping its
+        residuals, when they have the same sizes for it (top-k at another
+        density: DGC's sparsity warm-up changes the density, and the residual
+        carries on). Raises InvalidArgument for an unbound or hierarchical
+        state, another residual size, or residuals that are not finite."""
+        if self._role != COLLECTIVE or not self.bound:
+            raise InvalidArgument(f"respec() needs a bound collective error feedback state; this one is {self!r}")
+        self._native.respec(spec)
+
     def state_dict(self) -> Dict[str, Any]:
         """A copy of the state, for a checkpoint:
 

@@ -21,6 +21,8 @@
 #include "codec_handle.h"
 #include "common/error.h"
 #include "compressors/codec.h"
+#include "compressors/descriptor.h"
+#include "compressors/spec.h"
 #include "compressors/wire_format.h"
 
 namespace nb = nanobind;
@@ -106,6 +108,32 @@ void decode_accumulate_into(CodecHandle& self, const InArray& payload, const Out
   codec.decode_accumulate(static_cast<const std::byte*>(p.data), p.count, o.data, o.dtype, o.count, ctx);
 }
 
+// Codec.params: the config's key values by the descriptor's keys.
+nb::dict params(const CodecHandle& c) {
+  const gz::CodecConfig& cfg = c.codec().config();
+  const gz::CodecDescriptor& d = cfg.descriptor();
+  nb::dict out;
+  for (std::size_t i = 0; i < d.keys.size(); ++i) {
+    const gz::CodecKey& key = d.keys[i];
+    const nb::str name(key.name.data(), key.name.size());
+    const double v = cfg.values[i];
+    switch (key.kind) {
+      case gz::CodecKey::Kind::Integer:
+        out[name] = static_cast<std::int64_t>(v);
+        break;
+      case gz::CodecKey::Kind::Real:
+        out[name] = v;
+        break;
+      case gz::CodecKey::Kind::Choice: {
+        const std::string_view choice = key.choices[static_cast<std::size_t>(v)];
+        out[name] = nb::str(choice.data(), choice.size());
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_codec(nb::module_& m) {
@@ -119,6 +147,10 @@ void bind_codec(nb::module_& m) {
       .def_prop_ro("spec", [](const CodecHandle& c) { return c.codec().spec(); }, "The canonical spec string.")
       .def_prop_ro("name", [](const CodecHandle& c) { return std::string(c.codec().descriptor().name); },
                    "The codec's name (one of gradzip.codec_names()).")
+      .def_prop_ro("params", &params, nb::sig("def params(self) -> dict[str, int | float | str]"),
+                   "The codec's keys and their values, defaults included: integers as int, reals as float,\n"
+                   "choices by name ({'density': 0.01, 'k': 0, 'select': 'exact'} for 'topk'; topk's k is 0\n"
+                   "when its density applies). ef is error_feedback.")
       .def_prop_ro("error_feedback", [](const CodecHandle& c) { return c.codec().error_feedback(); },
                    "Whether encode keeps a residual (error feedback). Always False for none.")
       .def_prop_ro("fixed_size", [](const CodecHandle& c) { return c.codec().fixed_size(); },

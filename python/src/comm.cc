@@ -389,6 +389,17 @@ void bind_comm(nb::module_& m) {
            "Loads what save() returned; the next allreduce continues bit-identically. Raises\n"
            "InvalidArgument for malformed data or a state bound to another layout.")
       .def("reset", &gz::ErrorFeedback::reset, "Forgets layout and residuals: the next call starts from zeros.")
+      .def("respec", &gz::ErrorFeedback::respec, nb::arg("spec"),
+           "Rebinds the state to codec `spec`, keeping its residuals, when they have the same sizes for\n"
+           "it (top-k at another density). Raises InvalidArgument for an unbound or hierarchical state,\n"
+           "other residual sizes, or residuals that are not finite.")
+      .def("residuals", [](const gz::ErrorFeedback& s) {
+             const auto [worker, server] = s.residuals();
+             return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(worker.data()), 4 * worker.size()),
+                                   nb::bytes(reinterpret_cast<const char*>(server.data()), 4 * server.size()));
+           },
+           "(worker, server): the residuals as float32 bytes (native order), copied to the host. Raises\n"
+           "InvalidArgument on an unbound state.")
       .def_prop_ro("bound", &gz::ErrorFeedback::bound, "Whether the state holds a layout (used or restored).")
       .def_prop_ro("memory_bytes", &gz::ErrorFeedback::bytes, "Bytes of residual memory held.")
       .def_prop_ro("layout", &layout, nb::sig("def layout(self) -> dict | None"),

@@ -468,6 +468,47 @@ TEST(ErrorFeedback, RejectsMismatchedOrMalformedRestores) {
   for (const auto& e : errors) EXPECT_EQ(e, nullptr) << what(e);
 }
 
+// respec(): top-k's density changes (DGC's sparsity warm-up) with the
+// residuals carried, not dropped; the next call agrees on the new codec.
+// A codec with other residual sizes (none: no error feedback) and an unbound
+// state are refused, leaving the state as it was.
+TEST(ErrorFeedback, RespecKeepsTheResidualsAndTheNextCallUsesTheNewCodec) {
+  const auto errors = run_threads(3, [&](int r, Transport& t, Store& store) {
+    auto wide = make_codec("topk:density=0.2");
+    auto narrow = make_codec("topk:density=0.05");
+    AllreduceWorkspace ws;
+    ErrorFeedback state;
+    EXPECT_THROW(state.respec("topk:density=0.05"), InvalidArgument);  // unbound
+    EXPECT_THROW((void)state.residuals(), InvalidArgument);
+    std::vector<float> buf = make_input(r, 300, 0, false);
+    auto o = call_options<AllreduceOptions>(t, store, ws, *wide, state, buf);
+    o.algorithm = Algorithm::ScatterReduce;
+    allreduce(o);
+    const auto before = state.residuals();
+    EXPECT_EQ(before.first.size(), 300u);
+    EXPECT_FALSE(before.second.empty());
+    EXPECT_THROW(state.respec("none"), InvalidArgument);
+    EXPECT_EQ(state.layout()->codec, "topk:density=0.2");
+    state.respec("topk:density=0.050");
+    EXPECT_EQ(state.layout()->codec, "topk:density=0.05");
+    EXPECT_EQ(state.residuals(), before);
+    // The wide codec's call is now refused locally; the narrow one runs on.
+    const std::vector<float> next = make_input(r, 300, 1, false);
+    std::copy(next.begin(), next.end(), buf.begin());  // o points into buf
+    EXPECT_THROW(allreduce(o), InvalidArgument);
+    o.codec = narrow.get();
+    allreduce(o);
+    EXPECT_NE(state.residuals(), before);
+    // A restored state respecs too (its residuals still pending).
+    ErrorFeedback restored;
+    restored.restore(state.save());
+    const auto saved = restored.residuals();
+    restored.respec("topk:density=0.2");
+    EXPECT_EQ(restored.residuals(), saved);
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, nullptr) << what(e);
+}
+
 TEST(Transport, ExchangesMatchPerPairInPostingOrder) {
   for (int P : {2, 3, 5}) {
     std::vector<std::string> broke(static_cast<std::size_t>(P));

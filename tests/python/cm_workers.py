@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 from typing import Any, Dict
 
 import torch
@@ -63,12 +64,13 @@ def reference_adamw(rank: int, steps: int, warmup: int, lr: float, betas: Any, e
                     refresh: Any = ()) -> torch.Tensor:
     """AdamW for `warmup` steps (and at the `refresh` steps) on averaged
     gradients, otherwise frozen variance and the momentum averaged over ranks
-    (exactly: codec none), in float64."""
+    (exactly: codec none), in float64. v is bias-corrected by the updates it
+    holds (1 - beta2^count: at a refresh, fewer than the step)."""
     model = make_model(0)
     p = flat(model).double()
     m, v = torch.zeros_like(p), torch.zeros_like(p)
     b1, b2 = betas
-    denom = None
+    denom, count = None, 0
     for t in range(1, steps + 1):
         torch.nn.utils.vector_to_parameters(p.float(), model.parameters())
         gs = local_grads(model, rank, t)
@@ -76,7 +78,8 @@ def reference_adamw(rank: int, steps: int, warmup: int, lr: float, betas: Any, e
             g = gs.mean(0)
             m = b1 * m + (1 - b1) * g
             v = b2 * v + (1 - b2) * g * g
-            d = (v / (1 - b2 ** t)).sqrt() + eps
+            count += 1
+            d = (v / (1 - b2 ** count)).sqrt() + eps
             if t >= warmup:
                 denom = d
         else:
@@ -141,6 +144,10 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
     out["adamw_refresh/err"] = float((got["params"].double() - ref).abs().max())
     ref = reference_adamw(rank, 10, 3, lr, betas, eps, wd)
     out["adamw_refresh/err_vs_none"] = float((got["params"].double() - ref).abs().max())
+    # The refresh's bias correction counts v's own updates (the step's,
+    # 1 - beta2^t with t = 5, 9 where v holds 4 and 5 updates, is refused
+    # by the reference above).
+    out["adamw_refresh/v_count"] = getattr(got["opt"], "_v_count", None)
 
     # Full precision only = torch.optim.AdamW on DDP.
     got = train(lambda ps: CompressedAdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd, codec="onebit",
@@ -181,6 +188,26 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
         got = train(lambda ps: CompressedAdamW(ps, lr=lr, codec="onebit", min_warmup_steps=3, max_warmup_steps=9,
                                                check_every=2, variance_tolerance=tol), rank, 12, ddp=True)
         out[f"freeze/{key}"] = got["stats"]["warmup_steps"]
+
+    # 3b. The warm-up codec keeps each coordinate's magnitude, so the frozen
+    # variance is the gradients': a gradient spanning 2^0..2^-24 within one
+    # block (of 512; 6 of them, so that each rank's chunk holds whole ones),
+    # v after an 8-step warm-up against the exact one (float64). The
+    # default (fp8 e5m2) holds every coordinate within 25%; e4m3 (the
+    # former default, 2^17 per block) loses the small ones.
+    scales = (2.0 ** -torch.linspace(0, 24, 512, dtype=torch.float64)).repeat(6)
+    for key, kw in (("default", {}), ("e4m3", {"warmup_codec": "fp8"})):
+        w = torch.nn.Parameter(torch.zeros(scales.numel()))
+        opt = CompressedAdamW([w], lr=1e-3, codec="onebit", min_warmup_steps=8, max_warmup_steps=8, **kw)
+        b2, v = opt._betas()[1], torch.zeros_like(scales)
+        for t in range(1, 9):
+            wave = 1.0 + 0.5 * math.sin(t)
+            w.grad = (scales * wave * (1.0 + 0.3 * (rank - 1))).float()  # the ranks' mean: scales * wave
+            opt.step()
+            v = b2 * v + (1 - b2) * (scales * wave) ** 2
+        ratio = (opt._v.double() / v).sqrt()
+        out[f"warmup_v/{key}/off"] = float(((ratio < 0.8) | (ratio > 1.25)).double().mean())
+        out[f"warmup_v/{key}/frozen"] = opt.compressing
 
     # 4. Resume: 12 steps straight vs `at`, save, a fresh model and optimizer,
     # the rest: saved in the compressed stage (onebit: the momentum's error

@@ -298,6 +298,12 @@ def test_spec_helpers():
     assert topk["sparse"] and topk["allgather_up_to_ranks"] == 16
     assert gradzip.Codec("topk").prefers_allgather(16) and not gradzip.Codec("fp16").prefers_allgather(3)
     assert gradzip.canonical_spec("onebit") == gradzip.Codec("onebit").spec
+    # The parameters the C++ config holds, defaults included, typed.
+    assert gradzip.Codec("topk:density=0.05").params == {"density": 0.05, "k": 0, "select": "exact"}
+    assert gradzip.Codec("topk:k=7,select=sample").params["k"] == 7
+    assert gradzip.Codec("onebit").params == {"block": 512}
+    assert gradzip.Codec("fp8:format=e5m2").params["format"] == "e5m2"
+    assert gradzip.Codec("none").params == {}
     assert gradzip.split_spec_list("none,fp16,topk:density=0.01,ef=off") == ["none", "fp16", "topk:density=0.01,ef=off"]
     assert len(gradzip.expand_spec_grid("topk:density=0.1,0.01,onebit:block=256,1024")) == 4
     assert gradzip.Codec("onebit").fixed_size and not gradzip.Codec("topk:select=sample").fixed_size

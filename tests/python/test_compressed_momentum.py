@@ -40,6 +40,18 @@ def test_variance_refreshes_at_doubling_intervals(three_ranks):
         assert r["adamw_refresh/err_vs_none"] > 100 * max(r["adamw_refresh/err"], 1e-8)
 
 
+def test_refresh_bias_correction_counts_the_variance_updates(three_ranks):
+    for r in three_ranks:
+        assert r["adamw_refresh/v_count"] == 3 + 2  # the warm-up's 3, the refreshes at steps 5 and 9
+
+
+def test_the_default_warmup_codec_keeps_the_variance_of_small_coordinates(three_ranks):
+    for r in three_ranks:
+        assert r["warmup_v/default/frozen"] and r["warmup_v/e4m3/frozen"]
+        assert r["warmup_v/default/off"] == 0.0, r["warmup_v/default/off"]
+        assert r["warmup_v/e4m3/off"] > 0.2, r["warmup_v/e4m3/off"]  # the control: the test can tell
+
+
 def test_full_precision_stage_is_torch_adamw(three_ranks):
     for r in three_ranks:
         assert r["adamw_warmup_vs_torch/err"] < 1e-6
@@ -122,3 +134,22 @@ def test_one_process_without_distributed_is_plain_adamw():
             cm_workers.loss_of(m, 0, t).backward()
             o.step()
     assert torch.allclose(cm_workers.flat(m1), cm_workers.flat(m2), atol=1e-6)
+
+
+def test_a_state_dict_without_the_variance_count_derives_it():
+    # State dicts saved before v counted its updates: the warm-up's steps and
+    # one per refresh since (warm-up 3, refreshes R=2 at steps 5 and 9).
+    model = cm_workers.make_model(0)
+    mk = lambda ps: CompressedAdamW(ps, lr=0.01, min_warmup_steps=3, max_warmup_steps=3,  # noqa: E731
+                                    variance_refresh=2)
+    a = mk(model.parameters())
+    for t in range(1, 11):
+        a.zero_grad()
+        cm_workers.loss_of(model, 0, t).backward()
+        a.step()
+    assert a._v_count == 5
+    saved = a.state_dict()
+    del saved["v_count"]
+    b = mk(cm_workers.make_model(0).parameters())
+    b.load_state_dict(saved)
+    assert b._v_count == 5

@@ -54,6 +54,29 @@ def test_a_collective_state_shows_its_layout():
 
 
 @needs_comm
+def test_a_collective_state_gives_its_residuals_and_changes_its_codec():
+    ef = collective_state(n=8, residual=0.25)
+    worker, server = ef.residuals()
+    assert worker.dtype == np.float32 and worker.tolist() == [0.25] * 8 and server.size == 0
+    ef.respec("topk:density=0.5")  # the same residual sizes under allgather
+    assert ef.spec == "topk:density=0.5" and ef.residuals()[0].tolist() == [0.25] * 8
+    with pytest.raises(gradzip.InvalidArgument, match="residuals would have 0"):
+        ef.respec("none")  # no error feedback: no residual to keep
+    assert ef.spec == "topk:density=0.5"
+    for unbound in (gradzip.ErrorFeedback(), codec_state()):
+        with pytest.raises(gradzip.InvalidArgument, match="collective"):
+            unbound.residuals()
+        with pytest.raises(gradzip.InvalidArgument, match="collective"):
+            unbound.respec("onebit")
+
+
+def codec_state():
+    ef = gradzip.ErrorFeedback()
+    gradzip.Codec("onebit").encode(grad(0), ef)
+    return ef
+
+
+@needs_comm
 def test_a_state_serves_one_role_until_reset():
     codec = gradzip.Codec("onebit")
     collective = collective_state()

@@ -27,7 +27,8 @@ Methods (compared with fp32):
     <spec>@cm[:k=v,...]      compressed momentum (gradzip.torch.CompressedAdamW: the 1-bit
                              Adam / 0/1 Adam family): options warmup=N (max full-precision
                              steps), min=N, tol=X (the variance criterion), server=<spec>,
-                             wcodec=<spec> (the warm-up's gradient codec; none: fp32),
+                             wcodec=<spec> (the warm-up's gradient codec; none: fp32;
+                             '+' for ',' inside it: fp8:block=32+ef=off),
                              refresh=R (variance refreshes R, 3R, 7R, ... steps after),
                              mode=innovation (send the change of each rank's own momentum,
                              EF21 / LoCo style), mode=update (send each rank's Adam step with
@@ -308,8 +309,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
                                          CompressedAdamW.DEFAULT_MIN_WARMUP)
         if "min" in opts:
             kw["min_warmup_steps"] = int(opts["min"])
-        if "wcodec" in opts:
-            kw["warmup_codec"] = opts["wcodec"]
+        if "wcodec" in opts:  # '+' stands for ',' inside it: wcodec=fp8:block=32+ef=off
+            kw["warmup_codec"] = opts["wcodec"].replace("+", ",")
         if "refresh" in opts:
             kw["variance_refresh"] = int(opts["refresh"])
         if "tol" in opts:

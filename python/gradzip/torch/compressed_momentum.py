@@ -37,7 +37,6 @@ continues bit-identically.
 
 import logging
 import math
-import struct
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -85,7 +84,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
         self.sparsity_start = float(sparsity_start)
         self.sparsity_stages = sparsity_stages
         if sparsity_warmup:
-            final = _topk_density(self.codec.spec)
+            final = _topk_density(self.codec)
             if final is None:
                 raise ValueError(f"sparsity_warmup needs a top-k codec with a density (topk:density=D), got "
                                  f"{self.codec.spec!r}")
@@ -299,7 +298,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
         """Top-k's density at the `compressed_step`-th (0-based) compressed
         step: sparsity_start x (d / sparsity_start)^(s / stages) in stage s of
         the sparsity warm-up, d (the codec's) after it; None for other codecs."""
-        final = _topk_density(self.codec.spec)
+        final = _topk_density(self.codec)
         if final is None or compressed_step >= self.sparsity_warmup:
             return final
         stage = compressed_step * self.sparsity_stages // self.sparsity_warmup
@@ -314,16 +313,20 @@ class _CompressedMomentum(torch.optim.Optimizer):
             return self.codec, self.server_codec
         density = self.density_at(compressed_step)
         spec = _with_density(self.codec.spec, density)  # type: ignore[arg-type]
+        if self.server_codec == self.codec.spec:
+            return self._codec(spec), spec
+        server = _topk_density(self._codec(self.server_codec))
+        if server is None:
+            return self._codec(spec), self.server_codec
+        # A top-k server codec of its own density scales with the codec's.
+        scale = density / _topk_density(self.codec)  # type: ignore[operator]
+        return self._codec(spec), _with_density(self.server_codec, min(1.0, server * scale))
+
+    def _codec(self, spec: str) -> Codec:
+        """The Codec of a canonical spec (built once)."""
         if spec not in self._codecs:
             self._codecs[spec] = Codec(spec)
-        if self.server_codec == self.codec.spec:
-            return self._codecs[spec], spec
-        server = _topk_density(self.server_codec)
-        if server is None:
-            return self._codecs[spec], self.server_codec
-        # A top-k server codec of its own density scales with the codec's.
-        scale = density / _topk_density(self.codec.spec)  # type: ignore[operator]
-        return self._codecs[spec], _with_density(self.server_codec, min(1.0, server * scale))
+        return self._codecs[spec]
 
     def _clip(self, g: torch.Tensor, scale: float) -> None:
         """g's L2 norm clipped at clip_norm x scale (no-op without clip_norm)."""
@@ -341,7 +344,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
         momentum there."""
         masks = []
         for ef in self._ef:
-            _, worker, _ = _ef_parse(ef)
+            worker, _ = ef.residuals()
             masks.append(torch.from_numpy(worker == 0))
         if not masks:  # one rank: nothing travels, everything counts as sent
             return torch.ones(self._n, dtype=torch.bool, device=self._m.device)
@@ -364,7 +367,7 @@ class _CompressedMomentum(torch.optim.Optimizer):
         sent = 0.0
         for i, lo in enumerate(buckets):
             if efs[i].bound and efs[i].spec != codec.spec:  # the sparsity warm-up's next density
-                efs[i] = _ef_respec(efs[i], codec.spec)
+                efs[i].respec(codec.spec)
             stats = self._comm.allreduce(flat[lo:lo + self.bucket_elements], codec, efs[i], op="avg",
                                          algorithm="scatter_reduce", server_codec=server or codec.spec)
             sent += stats["wire_bytes"]
@@ -424,7 +427,10 @@ class CompressedAdamW(_CompressedMomentum):
       (sqrt(v / bc2) + eps): torch.optim.AdamW's update.
     - compressed (g this rank's): m = avg_ranks(beta1 m + (1 - beta1) g),
       compressed; p = p (1 - lr wd) - lr (m / bc1) / d, with d = sqrt(v /
-      bc2) + eps frozen at the end of the full-precision stage.
+      (1 - beta2^c)) + eps frozen at the end of the full-precision stage
+      (and refrozen by each refresh), c the updates v holds (one per
+      full-precision step: a refresh is bias-corrected by v's own count,
+      not by the step).
 
     Args:
         params: float32 parameters (or param groups with their own lr and
@@ -436,11 +442,20 @@ class CompressedAdamW(_CompressedMomentum):
             (server-side error feedback); default: the codec itself.
         warmup_codec: how the full-precision stage averages the gradient:
             a gradzip spec, sent two-phase with error feedback (default
-            ``"fp8"``: 4x fewer bytes than fp32), or None
+            ``"fp8:format=e5m2"``: 4x fewer bytes than fp32), or None
             for fp32 (DDP's allreduce through :meth:`register_ddp`'s hook).
+            Adam's steps in this stage see each coordinate of what this
+            codec delivers, so it must keep small coordinates: e5m2 spans
+            2^31 within a block of 512, e4m3 (``"fp8"``, the former
+            default) 2^17, below which they arrive as zeros or as error
+            feedback's bursts (the LM's seed 1: e4m3 +13%, e5m2 -1.8%, fp32
+            -0.0%; BENCHMARKS.md section 11).
         min_warmup_steps, max_warmup_steps: bounds of the full-precision
-            stage (defaults 20 and 100: its bytes count against the whole
-            run's ratio).
+            stage (defaults 40 and 100: its bytes count against the whole
+            run's ratio). Keep the minimum at or past the learning rate's
+            warm-up: a variance frozen earlier holds the first steps' large
+            gradients (the LM, 30-step LR warm-up: frozen at 20, +10.9%; at
+            40, -9.5%; BENCHMARKS.md section 11).
         variance_tolerance: the full-precision stage ends at the first check
             where the bias-corrected second moment changed by at most this
             fraction (L1) since the previous check (default 0.5: its start-up
@@ -497,12 +512,12 @@ class CompressedAdamW(_CompressedMomentum):
     """
 
     _KIND = "adamw"
-    DEFAULT_MIN_WARMUP = 20
+    DEFAULT_MIN_WARMUP = 40
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, *, codec: Union[str, Codec] = "onebit",
-                 server_codec: Optional[str] = None, warmup_codec: Optional[str] = "fp8",
-                 min_warmup_steps: int = 20, max_warmup_steps: int = 100,
+                 server_codec: Optional[str] = None, warmup_codec: Optional[str] = "fp8:format=e5m2",
+                 min_warmup_steps: int = DEFAULT_MIN_WARMUP, max_warmup_steps: int = 100,
                  variance_tolerance: float = 0.5, check_every: int = 10, variance_refresh: int = 20,
                  process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24,
                  compress: str = "momentum", sparsity_warmup: int = 0, sparsity_start: float = 0.25,
@@ -537,6 +552,7 @@ class CompressedAdamW(_CompressedMomentum):
             raise ValueError(f"variance_refresh must be an integer >= 0, got {variance_refresh!r}")
         self.variance_refresh = variance_refresh
         self._v = torch.zeros_like(self._m)
+        self._v_count = 0  # the updates v holds (its bias correction is 1 - beta2^count)
         self._denom = torch.empty(0, device=self._m.device)  # frozen sqrt(v / bc2) + eps
         self._mloc = torch.empty(0, device=self._m.device)  # innovation: this rank's own momentum
         self._snapshot = torch.empty(0, device=self._m.device)  # v / bc2 at the last check
@@ -554,14 +570,16 @@ class CompressedAdamW(_CompressedMomentum):
             # gradient, then the step as a compressed one (the ranks' own
             # momenta take the averaged gradient).
             self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-            self._refreshed()
+            self._v_count += 1
+            self._set_denom()
             self._update_step(g)
             return
         if self._mloc.numel():  # a variance refresh in innovation mode: the ranks' own momenta too
             self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
         self._m.mul_(b1).add_(g, alpha=1.0 - b1)
         self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-        bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+        self._v_count += 1
+        bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** self._v_count
         direction = self._g  # g is consumed
         for grp, lo, hi in self._groups():
             torch.div(self._v[lo:hi], bc2, out=direction[lo:hi]).sqrt_().add_(grp["eps"])
@@ -582,10 +600,8 @@ class CompressedAdamW(_CompressedMomentum):
         return t >= self.min_warmup_steps and self.variance_change <= self.variance_tolerance
 
     def _freeze(self) -> None:
-        _, b2 = self._betas()
         self._denom = torch.empty_like(self._v)
-        for grp, lo, hi in self._groups():
-            torch.div(self._v[lo:hi], 1.0 - b2 ** self._step, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
+        self._set_denom()
         self._snapshot = torch.empty(0, device=self._m.device)
         if self.compress in ("innovation", "update"):
             self._mloc = self._m.clone()
@@ -603,9 +619,28 @@ class CompressedAdamW(_CompressedMomentum):
         return (step - self._frozen_at) % self.variance_refresh == 0 and k & (k - 1) == 0
 
     def _refreshed(self) -> None:
+        self._set_denom()
+
+    def _set_denom(self) -> None:
+        """d = sqrt(v / (1 - beta2^count)) + eps: v bias-corrected by the updates it holds."""
         _, b2 = self._betas()
+        bc2 = 1.0 - b2 ** max(self._v_count, 1)
         for grp, lo, hi in self._groups():
-            torch.div(self._v[lo:hi], 1.0 - b2 ** self._step, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
+            torch.div(self._v[lo:hi], bc2, out=self._denom[lo:hi]).sqrt_().add_(grp["eps"])
+
+    def _count_v_updates(self) -> int:
+        """The updates v holds after self._step steps, for a state_dict saved
+        before v counted them: every step while warming up (and with
+        local_variance), one per refresh step after the freeze."""
+        if not self._frozen_at or self.local_variance:
+            return self._step
+        return self._frozen_at + sum(self._full_precision_at(t) for t in range(self._frozen_at + 1, self._step + 1))
+
+    def _descend_frozen(self, direction: torch.Tensor) -> None:
+        """p = p (1 - lr wd) - lr (m / bc1) / d; `direction` is scratch."""
+        b1, _ = self._betas()
+        torch.div(self._m, self._denom, out=direction)
+        self._apply(direction, 1.0 / (1.0 - b1 ** self._step))
 
     def _compressed_step(self, g: torch.Tensor) -> None:
         b1, _ = self._betas()
@@ -625,8 +660,7 @@ class CompressedAdamW(_CompressedMomentum):
         else:
             self._m.mul_(b1).add_(g, alpha=1.0 - b1)
             self._average_compressed_(self._m)
-        torch.div(self._m, self._denom, out=self._g)
-        self._apply(self._g, 1.0 / (1.0 - b1 ** self._step))
+        self._descend_frozen(self._g)
 
     def _update_step(self, g: torch.Tensor) -> None:
         """update mode: DGC's momentum correction with Adam's frozen
@@ -639,7 +673,8 @@ class CompressedAdamW(_CompressedMomentum):
         self._mloc.mul_(b1).add_(g, alpha=1.0 - b1)
         if self.local_variance:  # this rank's own Adam: the variance of its own gradients, never frozen
             self._v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-            self._refreshed()
+            self._v_count += 1
+            self._set_denom()
         bc1 = 1.0 - b1 ** self._step
         torch.div(self._mloc, self._denom, out=g)
         for grp, lo, hi in self._groups():
@@ -671,6 +706,7 @@ class CompressedAdamW(_CompressedMomentum):
         state["local_variance"] = self.local_variance
         state["snapshot"] = self._snapshot.clone()
         state["variance_change"] = self.variance_change
+        state["v_count"] = self._v_count
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:  # type: ignore[override]
@@ -686,6 +722,7 @@ class CompressedAdamW(_CompressedMomentum):
         super().load_state_dict(state)
         self._snapshot = state["snapshot"].clone().to(self._m.device)
         self.variance_change = float(state["variance_change"])
+        self._v_count = int(state["v_count"]) if "v_count" in state else self._count_v_updates()
         if not self._frozen_at:
             self._denom = torch.empty(0, device=self._m.device)
             self._mloc = torch.empty(0, device=self._m.device)
@@ -801,16 +838,11 @@ def _ddp_hook(opt: _CompressedMomentum, bucket: dist.GradBucket) -> torch.future
 # -- top-k density and error-feedback helpers (DGC's sparsity warm-up, factor masking) --
 
 
-def _topk_density(spec: str) -> Optional[float]:
-    """The density of a canonical ``topk:density=...`` spec; None for any other codec (or ``k=``)."""
-    name, _, opts = spec.partition(":")
-    if name != "topk":
+def _topk_density(codec: Codec) -> Optional[float]:
+    """The density of a ``topk:density=...`` codec; None for any other codec (or ``k=``)."""
+    if codec.name != "topk" or codec.params["k"]:
         return None
-    for item in opts.split(","):
-        key, _, value = item.partition("=")
-        if key == "density":
-            return float(value)
-    return None
+    return float(codec.params["density"])
 
 
 def _with_density(spec: str, density: float) -> str:
@@ -818,49 +850,3 @@ def _with_density(spec: str, density: float) -> str:
     name, _, opts = spec.partition(":")
     items = [f"density={density:.6g}" if i.startswith("density=") else i for i in opts.split(",")]
     return Codec(f"{name}:{','.join(items)}").spec
-
-
-_EF_MAGIC = 0x46455A47  # "GZEF": comm/engine/error_feedback.cc's saved format
-
-
-def _ef_parse(ef: Any) -> Tuple[Dict[str, Any], "np.ndarray", "np.ndarray"]:
-    """(header fields, worker residual, server residual) of a bound collective
-    ErrorFeedback, read from its saved bytes (version 2: u32 magic, u32
-    version, u32 spec bytes, spec, u64 n, u32 rank, u32 world, u8 algorithm,
-    u64 worker count, u64 server count, the residuals as f32, u64 checksum)."""
-    import numpy as np
-
-    data = bytes(ef.state_dict()["data"])
-    magic, version, k = struct.unpack_from("<III", data, 0)
-    if magic != _EF_MAGIC or version != 2:
-        raise RuntimeError(f"unexpected saved error feedback format (magic {magic:#x}, version {version})")
-    pos = 12 + k
-    spec = data[12:pos].decode("ascii")
-    n, rank, world, algo, wc, sc = struct.unpack_from("<QIIBQQ", data, pos)
-    pos += struct.calcsize("<QIIBQQ")
-    worker = np.frombuffer(data, dtype="<f4", count=wc, offset=pos)
-    server = np.frombuffer(data, dtype="<f4", count=sc, offset=pos + 4 * wc)
-    return {"codec": spec, "n": n, "rank": rank, "world": world, "algorithm": algo}, worker, server
-
-
-def _ef_respec(ef: Any, spec: str) -> Any:
-    """A new collective ErrorFeedback bound to codec `spec` holding `ef`'s
-    residuals (the same buffer, rank and algorithm): the sparsity warm-up
-    changes top-k's density, and the residual carries on. Written in the
-    saved format's version 1 (the same fields, no checksum), which restore()
-    still reads and checks field by field."""
-    import numpy as np
-
-    import gradzip
-
-    head, worker, server = _ef_parse(ef)
-    if not (np.isfinite(worker).all() and np.isfinite(server).all()):
-        raise FloatingPointError("the error feedback's residual holds NaN or infinite values at a change of "
-                                 "top-k's density: the training diverged before it")
-    enc = spec.encode("ascii")
-    data = (struct.pack("<III", _EF_MAGIC, 1, len(enc)) + enc +
-            struct.pack("<QIIBQQ", head["n"], head["rank"], head["world"], head["algorithm"], worker.size,
-                        server.size) + worker.tobytes() + server.tobytes())
-    out = gradzip.ErrorFeedback()
-    out.load_state_dict({"version": 2, "role": "collective", "data": data})
-    return out
