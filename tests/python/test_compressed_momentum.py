@@ -107,6 +107,13 @@ def test_bad_arguments_raise_value_error(kwargs, match):
         CompressedAdamW(cm_workers.make_model(0).parameters(), **kwargs)
 
 
+def test_a_smaller_maximum_alone_lowers_the_default_minimum():
+    params = lambda: cm_workers.make_model(0).parameters()  # noqa: E731
+    assert CompressedAdamW(params()).min_warmup_steps == CompressedAdamW.DEFAULT_MIN_WARMUP == 40
+    assert CompressedAdamW(params(), max_warmup_steps=30).min_warmup_steps == 30
+    assert CompressedAdamW(params(), min_warmup_steps=5, max_warmup_steps=30).min_warmup_steps == 5
+
+
 def test_bad_parameters_raise_value_error():
     with pytest.raises(ValueError, match="float32"):
         CompressedSGD(cm_workers.make_model(0).double().parameters())

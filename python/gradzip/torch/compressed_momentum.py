@@ -451,8 +451,8 @@ class CompressedAdamW(_CompressedMomentum):
             feedback's bursts (the LM's seed 1: e4m3 +13%, e5m2 -1.8%, fp32
             -0.0%; BENCHMARKS.md section 11).
         min_warmup_steps, max_warmup_steps: bounds of the full-precision
-            stage (defaults 40 and 100: its bytes count against the whole
-            run's ratio). Keep the minimum at or past the learning rate's
+            stage (defaults 40, or max_warmup_steps when that is smaller,
+            and 100: its bytes count against the whole run's ratio). Keep the minimum at or past the learning rate's
             warm-up: a variance frozen earlier holds the first steps' large
             gradients (the LM, 30-step LR warm-up: frozen at 20, +10.9%; at
             40, -9.5%; BENCHMARKS.md section 11).
@@ -517,7 +517,7 @@ class CompressedAdamW(_CompressedMomentum):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, *, codec: Union[str, Codec] = "onebit",
                  server_codec: Optional[str] = None, warmup_codec: Optional[str] = "fp8:format=e5m2",
-                 min_warmup_steps: int = DEFAULT_MIN_WARMUP, max_warmup_steps: int = 100,
+                 min_warmup_steps: Optional[int] = None, max_warmup_steps: int = 100,
                  variance_tolerance: float = 0.5, check_every: int = 10, variance_refresh: int = 20,
                  process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24,
                  compress: str = "momentum", sparsity_warmup: int = 0, sparsity_start: float = 0.25,
@@ -527,6 +527,9 @@ class CompressedAdamW(_CompressedMomentum):
             raise ValueError(f"compress must be 'momentum', 'innovation' or 'update', got {compress!r}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {betas!r}")
+        if min_warmup_steps is None:  # the default, within a smaller maximum the caller gave
+            min_warmup_steps = min(self.DEFAULT_MIN_WARMUP, max_warmup_steps) \
+                if isinstance(max_warmup_steps, int) else self.DEFAULT_MIN_WARMUP
         for name, v in (("min_warmup_steps", min_warmup_steps), ("max_warmup_steps", max_warmup_steps),
                         ("check_every", check_every)):
             if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name == "check_every" else 0):
