@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -169,6 +169,33 @@ def train(model: torch.nn.Module, opt: Any, rank: int, steps: range) -> None:
         opt.step()
 
 
+def resume_checks(fresh: Any, rank: int) -> Tuple[Dict[str, bool], Dict[str, Any], Any]:
+    """Checkpoint and resume of fresh() -> (model, optimizer, gradzip state):
+    model, optimizer (momentum) and gradzip state saved after 3 steps; 3 more
+    steps straight on, or from the checkpoint in new objects, must end in the
+    same bits ("resume_equal"), and without the gradzip state they must not
+    (the residuals matter: "resume_without_state_differs"). Also returns the
+    checkpoint and the last gradzip state."""
+    model, opt, state = fresh()
+    train(model, opt, rank, range(3))
+    ckpt = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict(), "gradzip": state.state_dict()})
+    train(model, opt, rank, range(3, 6))
+    straight = [p.to_local().clone() for p in model.parameters()]
+
+    def rerun(with_state: bool) -> Any:
+        model, opt, state = fresh()
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optim"])
+        if with_state:
+            state.load_state_dict(ckpt["gradzip"])
+        train(model, opt, rank, range(3, 6))
+        return all(torch.equal(a, p.to_local()) for a, p in zip(straight, model.parameters())), state
+
+    equal, _ = rerun(True)
+    equal_without, state = rerun(False)
+    return {"resume_equal": equal, "resume_without_state_differs": not equal_without}, ckpt, state
+
+
 def fsdp_suite(rank: int, world: int) -> Dict[str, Any]:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -195,32 +222,12 @@ def fsdp_suite(rank: int, world: int) -> Dict[str, Any]:
     out["onebit_bound"] = gradzip.Codec("onebit").error_bound
     out["onebit_stats"] = state.compression_stats()
 
-    # Checkpoint and resume: model, optimizer (momentum) and gradzip state
-    # saved after 3 steps; 3 more steps straight on, or from the checkpoint
-    # in new objects, end in the same bits.
     def fresh():
         model = sharded(seed=1)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         return model, opt, gz_fsdp.register(model, codec="topk:density=0.05")
 
-    model, opt, state = fresh()
-    train(model, opt, rank, range(3))
-    ckpt = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict(), "gradzip": state.state_dict()})
-    train(model, opt, rank, range(3, 6))
-    straight = [p.to_local().clone() for p in model.parameters()]
-    model, opt, state = fresh()
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optim"])
-    state.load_state_dict(ckpt["gradzip"])
-    train(model, opt, rank, range(3, 6))
-    out["resume_equal"] = all(torch.equal(a, p.to_local()) for a, p in zip(straight, model.parameters()))
-    # Without the gradzip state the run differs (the residuals matter).
-    model, opt, state = fresh()
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optim"])
-    train(model, opt, rank, range(3, 6))
-    out["resume_without_state_differs"] = not all(
-        torch.equal(a, p.to_local()) for a, p in zip(straight, model.parameters()))
+    out.update(resume_checks(fresh, rank)[0])
 
     # bf16 reduce dtype: upcast, reduced in fp32, cast back; close to torch's.
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)

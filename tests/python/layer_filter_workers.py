@@ -14,16 +14,9 @@ import torch
 import torch.distributed as dist
 
 import gradzip
+from fsdp_workers import backward, data, error_of, resume_checks, sharded
 
 EXACT_BELOW = 1000
-
-
-def error_of(what: Any) -> str:
-    try:
-        what()
-    except (ValueError, RuntimeError) as e:
-        return f"{type(e).__name__}: {e}"
-    return "no error"
 
 
 def is_exact(shape: Sequence[int]) -> bool:
@@ -45,10 +38,6 @@ def pieces(chunk: torch.Tensor, exact: bool) -> torch.Tensor:
             out.append(chunk[off:off + m])
         off += m
     return torch.cat(out)
-
-
-def data(rank: int, step: int, n: int) -> torch.Tensor:
-    return torch.from_numpy(np.random.default_rng(1000 * step + rank).standard_normal(n).astype(np.float32))
 
 
 def fsdp_collective(rank: int, world: int) -> Dict[str, Any]:
@@ -89,39 +78,6 @@ def fsdp_collective(rank: int, world: int) -> Dict[str, Any]:
     return out
 
 
-def mlp(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(33, 64), torch.nn.ReLU(), torch.nn.Linear(64, 47), torch.nn.ReLU(),
-                               torch.nn.Linear(47, 10))
-
-
-def sharded(seed: int = 0) -> torch.nn.Module:
-    from torch.distributed.fsdp import fully_shard
-
-    model = mlp(seed)
-    for layer in (model[0], model[2], model[4]):
-        fully_shard(layer)
-    fully_shard(model)
-    return model
-
-
-def batch(rank: int, step: int):
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(16, 33, generator=g), torch.randint(0, 10, (16,), generator=g)
-
-
-def backward(model: torch.nn.Module, rank: int, step: int) -> None:
-    x, y = batch(rank, step)
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-
-
-def train(model: torch.nn.Module, opt: Any, rank: int, steps: range) -> None:
-    for step in steps:
-        opt.zero_grad()
-        backward(model, rank, step)
-        opt.step()
-
-
 def fsdp_suite(rank: int, world: int) -> Dict[str, Any]:
     from gradzip.torch import fsdp as gz_fsdp
 
@@ -151,23 +107,8 @@ def fsdp_suite(rank: int, world: int) -> Dict[str, Any]:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         return model, opt, gz_fsdp.register(model, codec="onebit", exact_below=exact_below)
 
-    model, opt, state = fresh()
-    train(model, opt, rank, range(3))
-    ckpt = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict(), "gradzip": state.state_dict()})
-    train(model, opt, rank, range(3, 6))
-    straight = [p.to_local().clone() for p in model.parameters()]
-    model, opt, state = fresh()
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optim"])
-    state.load_state_dict(ckpt["gradzip"])
-    train(model, opt, rank, range(3, 6))
-    out["resume_equal"] = all(torch.equal(a, p.to_local()) for a, p in zip(straight, model.parameters()))
-    model, opt, state = fresh()
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optim"])
-    train(model, opt, rank, range(3, 6))
-    out["resume_without_state_differs"] = not all(
-        torch.equal(a, p.to_local()) for a, p in zip(straight, model.parameters()))
+    checks, ckpt, state = resume_checks(fresh, rank)
+    out.update(checks)
     out["restore_other_filter"] = error_of(
         lambda: gz_fsdp.FSDPCompressionState("onebit", exact_below=64).load_state_dict(ckpt["gradzip"]))
     import pickle
