@@ -65,6 +65,24 @@ def test_other_collectives_are_gloos(suite, what):
     assert all(every(suite, f"delegated/{what}"))
 
 
+def test_every_exact_collective_is_forwarded_from_python():
+    """torch's default dispatch of a Python process group's collective calls
+    the backend holding the GIL, and gloo's enqueue can then deadlock with a
+    gloo worker freeing an earlier call's tensors (DDP's bucket rebuild after a
+    metric all_reduce hung this way): each collective PyProcessGroup routes
+    through WORK_OVERRIDE must be a Python method of the group."""
+    import torch.distributed as dist
+
+    from gradzip.torch.backend import ProcessGroupGradzip
+
+    routed = ["allgather", "all_gather_single", "all_gather_single_coalesced", "allreduce", "allreduce_coalesced",
+              "reduce", "alltoall", "all_to_all_single", "barrier", "broadcast", "gather", "scatter",
+              "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced", "send", "recv",
+              "recvAnysource"]
+    default = [n for n in routed if getattr(ProcessGroupGradzip, n) is getattr(dist.ProcessGroup, n, None)]
+    assert not default, f"left to torch's dispatch, which holds the GIL: {default}"
+
+
 def test_delegated_calls_never_reach_the_engine(suite):
     assert every(suite, "delegated/compressed_calls") == [0, 0]
 

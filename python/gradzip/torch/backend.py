@@ -19,10 +19,12 @@ torch loads when it meets the name (so the init line is the only change).
 How a call runs (and why):
 - The group is a :class:`torch.distributed.ProcessGroup` whose CPU and CUDA
   backends are a gloo and an NCCL backend made for it: every collective
-  gradzip does not override goes straight to them, with their semantics,
-  errors and timeouts (broadcast, all_gather, reduce_scatter, all_to_all,
-  send/recv, ..., integer tensors, MAX/MIN/PRODUCT/PREMUL_SUM, tensors below
-  the policy's thresholds, float64).
+  gradzip does not compress is forwarded to them unchanged, with their
+  semantics, errors and timeouts (broadcast, all_gather, reduce_scatter,
+  all_to_all, send/recv, ..., integer tensors, MAX/MIN/PRODUCT/PREMUL_SUM,
+  tensors below the policy's thresholds, float64); forwarded by Python
+  methods, not torch's default dispatch, which would hold the GIL into
+  gloo's queue lock (_FORWARDED below).
 - A compressed all_reduce picks its error-feedback state on the calling
   thread (the identity rule: _backend_policy.py) and queues the reduction
   on the group's one worker thread, in call order, which is the same on every
@@ -231,6 +233,20 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             if hasattr(b, "abort"):
                 b.abort()
 
+    def _backend_of(self, args: Any) -> Any:
+        """The backend for the first tensor among a call's arguments (CPU: gloo)."""
+        todo = list(args)
+        while todo:
+            a = todo.pop(0)
+            if isinstance(a, torch.Tensor):
+                backend = self._backends.get(a.device.type)
+                if backend is None:
+                    raise RuntimeError(f"gradzip backend: no backend for {a.device.type} tensors")
+                return backend
+            if isinstance(a, (list, tuple)):
+                todo[:0] = a
+        return self._backends["cpu"]
+
     # -- gradzip's additions --------------------------------------------------
 
     def compression_stats(self) -> Dict[str, Any]:
@@ -403,6 +419,35 @@ class ProcessGroupGradzip(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupGradzip(rank={self._rank}, size={self._size}, policy={self.policy!r})"
+
+
+# The collectives gradzip leaves exact, forwarded to the device's backend from
+# Python. Not left to torch's default dispatch: for a process group written in
+# Python, that dispatch calls the backend while it holds the GIL (PyProcessGroup's
+# WORK_OVERRIDE), so gloo's enqueue waits for its queue lock holding the GIL,
+# while a gloo worker can hold that lock as it frees an earlier call's tensors,
+# which needs the GIL: both stop for good. DDP met it in its bucket rebuild (a
+# broadcast) right after an all_reduce of a metric, about 1 run in 10 under
+# load. The backends' own bindings release the GIL. Arguments pass through
+# unchanged, so every overload of each call is kept.
+_FORWARDED = ("allgather", "all_gather_single", "all_gather_single_coalesced", "allgather_coalesced",
+              "allreduce_coalesced", "reduce", "alltoall", "all_to_all_single", "broadcast", "gather", "scatter",
+              "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced", "send", "recv")
+
+
+def _forwarder(name: str) -> Any:
+    def forward(self: ProcessGroupGradzip, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._backend_of(args), name)(*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = name
+    forward.__doc__ = f"torch's {name} on the group's backend for the tensors' device (gloo or NCCL), exact."
+    return forward
+
+
+for _name in _FORWARDED:
+    setattr(ProcessGroupGradzip, _name, _forwarder(_name))
+setattr(ProcessGroupGradzip, "recvAnysource",  # torch's C++ name; the bindings call it recv_anysource
+        lambda self, tensors, tag: self._backend_of((tensors,)).recv_anysource(tensors, tag))
 
 
 def _release_at_exit(ref: "weakref.ReferenceType[ProcessGroupGradzip]") -> None:
