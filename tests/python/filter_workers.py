@@ -20,6 +20,25 @@ def make_model() -> torch.nn.Module:
                                torch.nn.Linear(40, 40, bias=False), torch.nn.Linear(40, 3))
 
 
+def step_errors(model: torch.nn.Module, forward: Any, zero_grad: Any, rank: int, world: int,
+                step: int) -> Any:
+    """One step's batch through `forward` (the hooked model) after
+    `zero_grad`; yields (parameter, the largest error of its averaged gradient
+    against the true average of the ranks' gradients, from a copy of the
+    model's own backward)."""
+    g = torch.Generator().manual_seed(100 * step + rank)
+    x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+    ref = make_model()
+    ref.load_state_dict(model.state_dict())
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    zero_grad()
+    torch.nn.functional.cross_entropy(forward(x), y).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        everyone = [torch.empty_like(q.grad) for _ in range(world)]
+        dist.all_gather(everyone, q.grad)
+        yield p, float((p.grad - torch.stack(everyone).mean(0)).abs().max())
+
+
 def suite(rank: int, world: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for name, kwargs in (("filtered", {"exact_below": 100, "warmup_steps": 2}), ("unfiltered", {})):
@@ -30,19 +49,7 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
         exact_err = lossy_err = 0.0
         identical = True
         for step in range(6):
-            g = torch.Generator().manual_seed(100 * step + rank)
-            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-            # The true average of this step's gradients, from a copy of the model.
-            ref = make_model()
-            ref.load_state_dict(model.state_dict())
-            torch.nn.functional.cross_entropy(ref(x), y).backward()
-            ddp.zero_grad()
-            torch.nn.functional.cross_entropy(ddp(x), y).backward()
-            for p, q in zip(model.parameters(), ref.parameters()):
-                everyone = [torch.empty_like(q.grad) for _ in range(world)]
-                dist.all_gather(everyone, q.grad)
-                mean = torch.stack(everyone).mean(0)
-                err = float((p.grad - mean).abs().max())
+            for p, err in step_errors(model, ddp, ddp.zero_grad, rank, world, step):
                 if p.dim() <= 1:
                     exact_err = max(exact_err, err)
                 elif step >= 2:
@@ -74,17 +81,7 @@ def adaptive_suite(rank: int, world: int, kind: str, codec: str = "topk:density=
     small_err = big_err = 0.0
     identical = True
     for step in range(5):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-        ref = make_model()
-        ref.load_state_dict(model.state_dict())
-        torch.nn.functional.cross_entropy(ref(x), y).backward()
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            everyone = [torch.empty_like(q.grad) for _ in range(world)]
-            dist.all_gather(everyone, q.grad)
-            err = float((p.grad - torch.stack(everyone).mean(0)).abs().max())
+        for p, err in step_errors(model, ddp, opt.zero_grad, rank, world, step):
             if step >= 2:
                 if p.dim() <= 1 or p.numel() < 1024:
                     small_err = max(small_err, err)
