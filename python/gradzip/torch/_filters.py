@@ -18,8 +18,10 @@ averaged with gradzip's ``none`` codec (the same bits on every rank).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -96,16 +98,16 @@ def split_of(seg: Any, shapes: List[Tuple[int, ...]], exact_below: Optional[int]
                       exact_below)
 
 
+def split_end_to_end(parts: Sequence[Tuple[Sequence[int], int]], exact_below: Optional[int]) -> Optional[Split]:
+    """The split of parameters laid end to end, given as (shape, elements) in
+    order: the whole parameter's elements, or its shard's in a chunk (FSDP)."""
+    offsets = itertools.accumulate((m for _, m in parts), initial=0)
+    return split_runs(((shape, off, m) for (shape, m), off in zip(parts, offsets)), exact_below)
+
+
 def split_flat(shapes: Sequence[Sequence[int]], exact_below: Optional[int]) -> Optional[Split]:
     """The split of whole parameters of these shapes laid end to end (BlockMomentum's flat model)."""
-    def layout() -> Iterator[Tuple[Sequence[int], int, int]]:
-        off = 0
-        for shape in shapes:
-            m = math.prod(shape)
-            yield shape, off, m
-            off += m
-
-    return split_runs(layout(), exact_below)
+    return split_end_to_end([(shape, math.prod(shape)) for shape in shapes], exact_below)
 
 
 def gather(x: torch.Tensor, runs: Runs, out: torch.Tensor) -> None:
@@ -124,37 +126,39 @@ def scatter(src: torch.Tensor, runs: Runs, x: torch.Tensor) -> None:
         o += m
 
 
+def exchange_parts(x: torch.Tensor, split: Split, compressed: Callable[[torch.Tensor], Any],
+                   exact: Callable[[torch.Tensor], Any]) -> Tuple[Any, Any]:
+    """x's compressed runs, gathered end to end, go through `compressed`, its
+    exact runs through `exact` (each averages its buffer in place and returns
+    the wire bytes), and back into x. Returns (wire bytes, of which exact)."""
+    wire = 0
+    if split.n_compressed:
+        c = split.buffer("compressed", split.n_compressed, x)
+        gather(x, split.compressed, c)
+        wire += compressed(c)
+        scatter(c, split.compressed, x)
+    e = split.buffer("exact", split.n_exact, x)
+    gather(x, split.exact, e)
+    exact_wire = exact(e)
+    scatter(e, split.exact, x)
+    return wire + exact_wire, exact_wire
+
+
 def allreduce(comm: Any, codec: Any, seg: Any, split: Split, x: torch.Tensor, algorithm: str,
               server_codec: Optional[str]) -> Tuple[float, float]:
     """Averages the segment x in place: its exact runs with the none codec, the
     rest with the codec (the segment's error feedback). Returns (wire bytes,
     the exact part's wire bytes)."""
-    import gradzip
-
-    sent = exact_sent = 0.0
-    if split.n_compressed:
-        c = split.buffer("compressed", split.n_compressed, x)
-        gather(x, split.compressed, c)
-        sent += comm.allreduce(c, codec, seg.ef, op="avg", algorithm=algorithm, server_codec=server_codec)["wire_bytes"]
-        scatter(c, split.compressed, x)
-    e = split.buffer("exact", split.n_exact, x)
-    gather(x, split.exact, e)
-    exact_sent = comm.allreduce(e, _NONE(gradzip), split.exact_ef, op="avg")["wire_bytes"]
-    scatter(e, split.exact, x)
-    return sent + exact_sent, exact_sent
+    return exchange_parts(
+        x, split,
+        lambda c: comm.allreduce(c, codec, seg.ef, op="avg", algorithm=algorithm,
+                                 server_codec=server_codec)["wire_bytes"],
+        lambda e: comm.allreduce(e, none_codec(), split.exact_ef, op="avg")["wire_bytes"])
 
 
-_none_codec: List[Any] = []
-
-
+@functools.lru_cache(maxsize=None)
 def none_codec() -> Any:
     """gradzip's ``none`` codec (fp32, the same bits on every rank): the exact part's."""
     import gradzip
 
-    return _NONE(gradzip)
-
-
-def _NONE(gradzip: Any) -> Any:  # noqa: N802
-    if not _none_codec:
-        _none_codec.append(gradzip.Codec("none"))
-    return _none_codec[0]
+    return gradzip.Codec("none")

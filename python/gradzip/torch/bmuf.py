@@ -626,20 +626,10 @@ class BlockMomentum:
         """flat becomes the average over ranks (compressed, per bucket; with
         the layer filter, its exact parameters in fp32 and the others gathered
         end to end through the codec); returns (wire bytes, of which fp32)."""
-        split = self._split
-        if split is None:
+        if self._split is None:
             return self._average_codec(flat), 0
-        wire = 0
-        if split.n_compressed:
-            c = split.buffer("compressed", split.n_compressed, flat)
-            _filters.gather(flat, split.compressed, c)
-            wire += self._average_codec(c)
-            _filters.scatter(c, split.compressed, flat)
-        e = split.buffer("exact", split.n_exact, flat)
-        _filters.gather(flat, split.exact, e)
-        exact = self._exchange.average_exact_(e, "exact parameters")
-        _filters.scatter(e, split.exact, flat)
-        return wire + exact, exact
+        return _filters.exchange_parts(flat, self._split, self._average_codec,
+                                       lambda e: self._exchange.average_exact_(e, "exact parameters"))
 
     def _average_codec(self, flat: torch.Tensor) -> int:
         wire = 0

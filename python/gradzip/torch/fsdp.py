@@ -94,7 +94,7 @@ class FSDPCompressionState:
     factors), computed as f x the sum.
     """
 
-    __slots__ = ("codec", "timeout", "exact_below", "_efs", "_exact_efs", "_splits", "_comms", "_stats",
+    __slots__ = ("codec", "timeout", "exact_below", "_efs", "_splits", "_comms", "_stats",
                  "_world_size", "_agreed_ops")
 
     def __init__(self, codec: Union[str, Codec] = "onebit", timeout: Optional[float] = None,
@@ -103,9 +103,8 @@ class FSDPCompressionState:
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
         self.timeout = timeout
         self.exact_below = None if self.codec.name == "none" else exact_below  # none: nothing to protect
-        # The exact parts' states (the none codec keeps no residual: nothing to
-        # checkpoint) and each group's split, keyed by FSDP module name.
-        self._exact_efs: Dict[str, Any] = {}
+        # Each group's split, keyed by FSDP module name; its exact part's state
+        # is the split's (the none codec keeps no residual: nothing to checkpoint).
         self._splits: Dict[str, Any] = {}
         self._efs: Dict[str, Any] = {}  # FSDP module name -> gradzip.ErrorFeedback
         self._comms: Dict[int, Any] = {}  # id(process group) -> (group, Communicator)
@@ -247,11 +246,9 @@ class FSDPCompressionState:
             return None
         cached = self._splits.get(name)
         if cached is None or cached[0] != layout:
-            entries, off = [], 0
-            for shape, m in layout:
-                entries.append((shape, off, m))
-                off += m
-            cached = self._splits[name] = (list(layout), off, _filters.split_runs(entries, self.exact_below))
+            layout = list(layout)
+            cached = self._splits[name] = (layout, sum(m for _, m in layout),
+                                           _filters.split_end_to_end(layout, self.exact_below))
         if cached[1] != chunk:
             logger.warning("gradzip FSDP reduce-scatter: group %r reduces %d elements per rank, its parameters hold "
                            "%d (parameters without gradients?); this call goes through the codec whole", name,
@@ -281,10 +278,9 @@ class FSDPCompressionState:
             _filters.scatter(got, split.compressed, shard)
         e = split.buffer("exact", size * split.n_exact, fp32)
         _filters.gather(chunks, split.exact, e.view(size, -1))
-        exact_ef = self._exact_efs.get(name)
-        if exact_ef is None or (exact_ef.layout is not None and exact_ef.layout["n"] != e.numel()):
-            exact_ef = self._exact_efs[name] = ErrorFeedback()
-        exact = comm.reduce_scatter(e, None, _filters.none_codec(), exact_ef, op=kind,
+        if split.exact_ef.layout is not None and split.exact_ef.layout["n"] != e.numel():  # another group size
+            split.exact_ef = ErrorFeedback()
+        exact = comm.reduce_scatter(e, None, _filters.none_codec(), split.exact_ef, op=kind,
                                     timeout=self.timeout)["wire_bytes"]
         _filters.scatter(e.view(size, -1)[comm.rank], split.exact, shard)
         return wire + exact, exact
