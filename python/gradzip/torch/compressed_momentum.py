@@ -713,15 +713,10 @@ class CompressedAdamW(_CompressedMomentum):
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:  # type: ignore[override]
-        if isinstance(state, dict) and state.get("compress", "momentum") != self.compress:
-            raise ValueError(f"the state_dict was saved with compress={state.get('compress', 'momentum')!r}, this "
-                             f"optimizer has {self.compress!r}")
-        if isinstance(state, dict) and state.get("local_variance", False) != self.local_variance:
-            raise ValueError(f"the state_dict was saved with local_variance={state.get('local_variance')!r}, this "
-                             f"optimizer has {self.local_variance!r}")
-        if isinstance(state, dict) and state.get("factor_masking", False) != self.factor_masking:
-            raise ValueError(f"the state_dict was saved with factor_masking={state.get('factor_masking')!r}, this "
-                             f"optimizer has {self.factor_masking!r}")
+        for key, default in (("compress", "momentum"), ("local_variance", False), ("factor_masking", False)):
+            if isinstance(state, dict) and state.get(key, default) != getattr(self, key):
+                raise ValueError(f"the state_dict was saved with {key}={state.get(key, default)!r}, this "
+                                 f"optimizer has {getattr(self, key)!r}")
         super().load_state_dict(state)
         self._snapshot = state["snapshot"].clone().to(self._m.device)
         self.variance_change = float(state["variance_change"])
