@@ -118,6 +118,37 @@ def train(opt_fn: Any, rank: int, steps: int, ddp: bool, seed: int = None, make:
             "model": model}
 
 
+def resume_check(train_fn: Any, make_opt: Any, rank: int, steps: int, at: int, lose_state: Any) -> Dict[str, bool]:
+    """`steps` steps straight (train_fn(make_opt, rank, steps)) against `at`
+    steps, a checkpoint of model and optimizer (through torch.save), a fresh
+    model and optimizer, the rest: "same" bits; and a control whose fresh
+    optimizer lose_state(opt, saved optimizer state) sets up without its
+    moments and residuals: "control_differs"."""
+    straight = train_fn(make_opt, rank, steps)["params"]
+    part = train_fn(make_opt, rank, at)
+    buf = io.BytesIO()
+    torch.save({"model": part["model"].state_dict(), "opt": part["opt"].state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+
+    def resumed(restore_opt: bool) -> torch.Tensor:
+        model = make_model(rank)
+        opt = make_opt(model.parameters())
+        model.load_state_dict(saved["model"])
+        if restore_opt:
+            opt.load_state_dict(copy.deepcopy(saved["opt"]))
+        else:
+            lose_state(opt, copy.deepcopy(saved["opt"]))
+        for t in range(at + 1, steps + 1):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            opt.step()
+        return flat(model)
+
+    return {"same": bool(torch.equal(resumed(True), straight)),
+            "control_differs": not torch.equal(resumed(False), straight)}
+
+
 def suite(rank: int, world: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     lr, betas, eps, wd = 0.01, (0.9, 0.99), 1e-8, 0.1
@@ -215,30 +246,13 @@ def suite(rank: int, world: int) -> Dict[str, Any]:
     for spec, at, warm in (("onebit", 7, 3), ("topk:density=0.1", 3, 5)):
         mk = lambda ps: CompressedAdamW(ps, lr=lr, codec=spec, min_warmup_steps=warm,  # noqa: E731
                                         max_warmup_steps=warm)
-        straight = train(mk, rank, 12, ddp=False)["params"]
-        part = train(mk, rank, at, ddp=False)
-        buf = io.BytesIO()
-        torch.save({"model": part["model"].state_dict(), "opt": part["opt"].state_dict()}, buf)
-        buf.seek(0)
-        saved = torch.load(buf, weights_only=False)
 
-        def resumed(restore_opt: bool) -> torch.Tensor:
-            model = make_model(rank)
-            opt = mk(model.parameters())
-            model.load_state_dict(saved["model"])
-            if restore_opt:
-                opt.load_state_dict(copy.deepcopy(saved["opt"]))
-            else:  # the control: moments and residuals lost
-                opt._step, opt._frozen_at = at, (warm if at > warm else 0)
-                opt._denom = torch.ones_like(opt._m)
-            for t in range(at + 1, 13):
-                opt.zero_grad()
-                loss_of(model, rank, t).backward()
-                opt.step()
-            return flat(model)
+        def lose(opt: Any, _saved: Any) -> None:  # the control: moments and residuals lost
+            opt._step, opt._frozen_at = at, (warm if at > warm else 0)
+            opt._denom = torch.ones_like(opt._m)
 
-        out[f"resume/{spec}/same"] = bool(torch.equal(resumed(True), straight))
-        out[f"resume/{spec}/control_differs"] = not torch.equal(resumed(False), straight)
+        resumed = resume_check(lambda mk, r, n: train(mk, r, n, ddp=False), mk, rank, 12, at, lose)
+        out[f"resume/{spec}/same"], out[f"resume/{spec}/control_differs"] = resumed["same"], resumed["control_differs"]
 
     out["stats_keys"] = sorted(got.get("stats", {}).keys()) if isinstance(got, dict) else []
     for k in list(out):

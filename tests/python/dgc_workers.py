@@ -7,8 +7,6 @@ gradzip's two-phase allreduce directly. Results are plain data.
 
 from __future__ import annotations
 
-import copy
-import io
 import math
 import struct
 from typing import Any, Dict, List
@@ -17,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import gradzip
-from cm_workers import flat, local_grads, loss_of, make_model, same_everywhere
+from cm_workers import flat, local_grads, loss_of, make_model, resume_check, same_everywhere
 from gradzip.torch import CompressedAdamW, CompressedSGD
 from gradzip.torch import _transports
 
@@ -156,34 +154,13 @@ def train(make_opt: Any, rank: int, steps: int, seed: int = None) -> Dict[str, A
 
 
 def resume(make_opt: Any, rank: int, steps: int, at: int) -> Dict[str, bool]:
-    """`steps` straight against `at` steps, a checkpoint, a fresh model and
-    optimizer, the rest; and a control that loses the optimizer state."""
-    straight = train(make_opt, rank, steps)["params"]
-    part = train(make_opt, rank, at)
-    buf = io.BytesIO()
-    torch.save({"model": part["model"].state_dict(), "opt": part["opt"].state_dict()}, buf)
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=False)
+    """cm_workers.resume_check with this file's train; the control keeps the
+    stage and step, and loses the moments and residuals."""
+    def lose(opt: Any, state: Dict[str, Any]) -> None:
+        state["error_feedback"] = []
+        opt.load_state_dict(state)
 
-    def resumed(restore_opt: bool) -> torch.Tensor:
-        model = make_model(rank)
-        opt = make_opt(model.parameters())
-        model.load_state_dict(saved["model"])
-        if restore_opt:
-            opt.load_state_dict(copy.deepcopy(saved["opt"]))
-        else:  # the control: the stage and step kept, moments and residuals lost
-            state = copy.deepcopy(saved["opt"])
-            state["error_feedback"] = []
-            opt.load_state_dict(state)
-        for t in range(at + 1, steps + 1):
-            opt.zero_grad()
-            loss_of(model, rank, t).backward()
-            opt.step()
-        return flat(model)
-
-    return {"same": bool(torch.equal(resumed(True), straight)),
-            "control_differs": not torch.equal(resumed(False), straight)}
-
+    return resume_check(train, make_opt, rank, steps, at, lose)
 
 def suite(rank: int, world: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
