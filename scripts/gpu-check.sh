@@ -120,7 +120,7 @@ EOF
   log "downloading Python wheels for CPython 3.12: ${WHEELS[*]}"
   local platforms=() n
   for n in 17 27 28 34; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" --platform manylinux2014_x86_64 -d "$GPU_DIR/wheels" "${WHEELS[@]}" \
     || die "pip download failed"
   ls "$GPU_DIR/wheels" >>"$tmp/manifest"
@@ -187,7 +187,7 @@ check_prepared() {
       bad=1
       continue
     fi
-    python3 - "${w[0]}" "$name" <<'EOF' || bad=1
+    "$PYTHON" - "${w[0]}" "$name" <<'EOF' || bad=1
 import sys, zipfile
 path, name = sys.argv[1], sys.argv[2]
 tags = path.rsplit("/", 1)[-1][:-4].split("-")[-3:]
@@ -212,7 +212,7 @@ setup_env() {
   export UCX_MODULE_DIR="$GPU_DIR/root/usr/lib/$TRIPLET/ucx"
   export CMAKE_PREFIX_PATH="$GPU_DIR/root/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-  PYTHON="${GZ_GPU_PYTHON:-$(command -v python3)}"
+  PYTHON="${GZ_GPU_PYTHON:-${GZ_PYTHON:-$(command -v python3)}}"
 }
 
 # Installs the carried wheels the interpreter lacks into $BUILD/pysite.
@@ -661,7 +661,10 @@ while (($#)); do
   esac
   shift
 done
-PYTHON="${GZ_GPU_PYTHON:-$(command -v python3)}"
+# The interpreter: GZ_GPU_PYTHON, else the project's own (GZ_PYTHON, which
+# scripts/setup.sh exports: a CI machine's python3 has no torch), else the
+# image's python3 (the GPU machine's, which has torch).
+PYTHON="${GZ_GPU_PYTHON:-${GZ_PYTHON:-$(command -v python3)}}"
 case $MODE in
   prepare) prepare ;;
   dry) dry_run "$ARG" ;;

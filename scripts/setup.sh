@@ -64,9 +64,10 @@ gz_build() {
 
 # --- Python package (gradzip, gradzip.torch) ---------------------------------
 # The interpreter to test with (gz_python_env): python3 itself when it already
-# runs in a virtual environment, else a venv in $GZ_BUILD_DIR/venv that sees
-# the interpreter's own packages (an installed torch is reused, not downloaded
-# again), with the packages the package, its tests and the sweep need.
+# runs in a virtual environment, else a venv of its own in $GZ_BUILD_DIR/venv
+# with the packages the package, its tests and the sweep need, all from PyPI.
+# The venv does not see the interpreter's packages: a torch installed on this
+# machine by hand must not make the tests pass where a fresh machine fails.
 # Exports GZ_PYTHON. Then gz_python builds and installs gradzip's wheel.
 #   GZ_BASE_PYTHON  interpreter to start from (default: python3)
 gz_python_env() {
@@ -84,11 +85,18 @@ gz_python_env() {
   else
     if [[ ! -x "$venv/bin/python" ]]; then
       gz_log "creating the Python environment $venv"
-      "$base" -m venv --system-site-packages "$venv"
+      "$base" -m venv "$venv"
     fi
     GZ_PYTHON="$venv/bin/python"
   fi
   export GZ_PYTHON PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  # Debian 12's venv brings pip 23.0.1, which lacks the wheel step's -C
+  # (--config-settings' short form, pip 23.1).
+  if ! "$GZ_PYTHON" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (23, 1))' \
+       2>/dev/null; then
+    gz_log "upgrading pip in $GZ_PYTHON's environment (23.1 or later)"
+    "$GZ_PYTHON" -m pip install -q --upgrade "pip>=23.1"
+  fi
   # torch only when it does not import: its wheel is large.
   if ! "$GZ_PYTHON" -c "import torch" 2>/dev/null; then
     gz_log "installing torch (PyPI)"

@@ -126,18 +126,20 @@ TORCH_EXIT_RACE = "terminate called without an active exception"
 
 
 def torchrun(script: Any, *args: str, ranks: int = 2, finished: Callable[[str], bool] = lambda out: True,
-             cwd: Any = None, timeout: float = 240.0) -> "subprocess.CompletedProcess[str]":
+             cwd: Any = None, timeout: float = 240.0, python: Any = None,
+             env: "dict[str, str] | None" = None) -> "subprocess.CompletedProcess[str]":
     """Runs `script` under torchrun on `ranks` local ranks (retrying torch's
-    exit race only when `finished(stdout)` says every rank got through)."""
+    exit race only when `finished(stdout)` says every rank got through), with
+    `python` (default: this interpreter) in `env` (default: this one's)."""
     import os
     import subprocess
     import sys
 
     for _ in range(3):
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={ranks}",
+        run_env = dict(os.environ if env is None else env, OMP_NUM_THREADS="1")
+        r = subprocess.run([str(python or sys.executable), "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={ranks}",
                             "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script), *args],
-                           capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+                           capture_output=True, text=True, timeout=timeout, env=run_env, cwd=cwd)
         if r.returncode == 0 or not (finished(r.stdout) and TORCH_EXIT_RACE in r.stderr):
             return r
     return r
