@@ -13,9 +13,9 @@ import hashlib
 import json
 import os
 import shutil
-import site
 import subprocess
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -49,8 +49,11 @@ def _link_own_packages(venv: Path, folder: Path) -> None:
     site-packages, so the wheel's gradzip comes first anyway)."""
     folder.mkdir()
     if sys.prefix != sys.base_prefix:  # this interpreter is a venv: its own packages are not the base's
-        for own in (d for d in site.getsitepackages() if Path(d).is_relative_to(sys.prefix)):
-            for entry in Path(own).iterdir():
+        # Where pip installs (Debian's Python lists dist-packages folders in
+        # site.getsitepackages() that a venv does not have).
+        own_dirs = {Path(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+        for own in (d for d in own_dirs if d.is_dir() and d.is_relative_to(sys.prefix)):
+            for entry in own.iterdir():
                 if "gradzip" not in entry.name.lower() and not (folder / entry.name).exists():
                     (folder / entry.name).symlink_to(entry)
     (venv_site,) = [p for p in (venv / "lib").glob("python3*/site-packages")]
