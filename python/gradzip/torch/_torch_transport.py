@@ -40,12 +40,14 @@ meanwhile (they do not use these tags); on NCCL it must not, or give
 BlockMomentum a group of its own (docs/python.md).
 """
 
+import atexit
 import collections
 import datetime
 import os
 import struct
 import threading
 import time
+import weakref
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -103,6 +105,8 @@ class ProcessGroupTransport:
         self._poster: Optional[threading.Thread] = None
         self._poster_error: Optional[BaseException] = None
         self._header_timeout = float(os.environ.get("GRADZIP_TIMEOUT_S", "60") or 60)
+        self._closed = False
+        _live.add(self)
 
     def start(self, sends: Sequence[Tuple[int, torch.Tensor]], recvs: Sequence[Tuple[int, torch.Tensor]],
               stream: int) -> List[Any]:
@@ -150,8 +154,10 @@ class ProcessGroupTransport:
         order (the GIL released) and posts the bodies whose headers arrived."""
         while True:
             with self._cv:
-                while not self._posting:
+                while not self._posting and not self._closed:
                     self._cv.wait()
+                if self._closed:
+                    return
                 r = self._posting[0]
             error: Optional[BaseException] = None
             try:
@@ -246,6 +252,22 @@ class ProcessGroupTransport:
         if self.device_memory and hasattr(self.group, "abort"):
             self.group.abort()
 
+    def close(self) -> None:
+        """Stops the poster thread and waits for it: at most the header wait
+        it is in (bounded by the timeout). At interpreter exit (_close_all),
+        so that no thread is inside a gloo wait when Python finalizes: a
+        daemon thread that comes back from one then is stopped while it
+        retakes the GIL inside C++ (pybind11's GIL release guard, noexcept),
+        and the process ends in std::terminate (SIGABRT) after the script's
+        own error."""
+        with self._cv:
+            self._closed = True
+            self._posting.clear()
+            self._cv.notify_all()
+            poster = self._poster
+        if poster is not None and poster is not threading.current_thread():
+            poster.join(self._header_timeout + 5)
+
     def synchronize(self, stream: int, seconds: float) -> None:
         s = torch.cuda.ExternalStream(stream, device=self.cuda_device)
         deadline = time.monotonic() + seconds
@@ -253,6 +275,16 @@ class ProcessGroupTransport:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: the exchange's stream did not finish within {seconds:g} s")
             time.sleep(0.0002)
+
+
+# Every transport of this process that may have a poster thread (see close).
+_live: "weakref.WeakSet[ProcessGroupTransport]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for transport in list(_live):
+        transport.close()
 
 
 class _FramingError(RuntimeError):
