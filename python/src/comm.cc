@@ -455,10 +455,6 @@ void bind_comm(nb::module_& m) {
            },
            "Releases the transport; waits up to 10 s for the other ranks to close too.");
 
-  m.def("_describe_disagreement",
-        [](const std::vector<gz::Fields>& all) { return gz::describe_disagreement(all); }, nb::arg("fields_by_rank"),
-        "The agreement's mismatch report for every rank's (name, value) fields; '' when all agree\n"
-        "(the DDP hook's agreement reports with it).");
   m.def("_agree_through_store",
         [](nb::object store, const std::string& prefix, std::uint64_t index, int rank, int size,
            const gz::Fields& fields, std::optional<double> timeout_s, const std::string& round,

@@ -158,6 +158,9 @@ def backend_suite(rank, world):
     # 6. Checkpoint and resume of the error feedback.
     out.update(_resume(rank, world))
 
+    # 6b. Crafted state dicts: each refused with a ValueError, nothing replaced.
+    out.update(_crafted())
+
     # 7. codec none: gloo's sum, bit for bit.
     from gradzip.torch.backend import Policy
 
@@ -318,4 +321,74 @@ def _resume(rank, world):
     out["resume/bit_identical"] = resumed(True) == straight
     out["resume/without_state_differs"] = resumed(False) != straight
     out["resume/states"] = len(saved["gradzip"]["states"])
+    return out
+
+
+def _with_residual(data, value):
+    """Saved error feedback (comm/engine/error_feedback.cc's format) with its
+    first residual set to `value` and the checksum made again, as an editor
+    of the file would."""
+    import struct
+
+    from gradzip import _core
+
+    (spec_len,) = struct.unpack_from("<I", data, 8)
+    at = 12 + spec_len + 8 + 4 + 4 + 1 + 8 + 8
+    body = bytearray(data[:-8])
+    struct.pack_into("<f", body, at, value)
+    return bytes(body) + struct.pack("<Q", _core._checksum64(bytes(body)))
+
+
+def _crafted():
+    """Each state dict a hostile or damaged checkpoint could hold: the load
+    must raise ValueError (gradzip.InvalidArgument) and leave every state and
+    count as it was (issue 32: some were accepted, some raised TypeError,
+    AttributeError or KeyError, one after replacing the states)."""
+    import copy
+    import pickle
+
+    from gradzip.torch import backend as gzb
+
+    good = gzb.state_dict()
+    assert len(good["states"]) == 2 and good["states"][0]["numel"] != good["states"][1]["numel"]
+
+    def entry(i, **change):
+        sd = copy.deepcopy(good)
+        sd["states"][i].update(change)
+        return sd
+
+    swapped = copy.deepcopy(good)
+    swapped["states"][0]["ef"], swapped["states"][1]["ef"] = good["states"][1]["ef"], good["states"][0]["ef"]
+    no_ef = copy.deepcopy(good)
+    del no_ef["states"][0]["ef"]
+    cases = {
+        "stats_list": {**good, "stats": [1, 2]},
+        "stats_string": {**good, "stats": {**good["stats"], "wire_bytes": "7"}},
+        "stats_bool": {**good, "stats": {**good["stats"], "exact_calls": True}},
+        "codec_not_the_policys": entry(0, codec="fp16"),
+        "numel_true": entry(0, numel=True),
+        "version_true": {**good, "version": True},
+        "world_size_float": {**good, "world_size": 2.0},
+        "residual_3e38": entry(0, ef={**good["states"][0]["ef"],
+                                      "data": _with_residual(good["states"][0]["ef"]["data"], 3e38)}),
+        "residual_nan": entry(0, ef={**good["states"][0]["ef"],
+                                     "data": _with_residual(good["states"][0]["ef"]["data"], float("nan"))}),
+        "ef_swapped": swapped,
+        "states_none": {**good, "states": None},
+        "states_dict": {**good, "states": {"0": good["states"][0]}},
+        "missing_ef": no_ef,
+        "ef_none": entry(0, ef=None),
+        "not_a_dict": [good],
+    }
+    before = pickle.dumps(good)
+    out = {}
+    for name, sd in cases.items():
+        try:
+            gzb.load_state_dict(sd)
+            error = None
+        except Exception as e:  # what the test inspects
+            error = (type(e).__name__, isinstance(e, ValueError), str(e)[:200])
+        out[f"crafted/{name}"] = (error, pickle.dumps(gzb.state_dict()) == before)
+        if error is None:  # accepted (a defect the test reports): the next case starts from the good state
+            gzb.load_state_dict(good)
     return out

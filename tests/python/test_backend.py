@@ -108,6 +108,24 @@ def test_checkpoint_resume_is_bit_identical(suite):
     assert every(suite, "resume/states") == [2, 2]
 
 
+@pytest.mark.parametrize("case", ["stats_list", "stats_string", "stats_bool", "codec_not_the_policys", "numel_true",
+                                  "version_true", "world_size_float", "residual_3e38", "residual_nan", "ef_swapped",
+                                  "states_none", "states_dict", "missing_ef", "ef_none", "not_a_dict"])
+def test_a_crafted_state_dict_is_refused_and_changes_nothing(suite, case):
+    # Before (issue 32): stats_list raised AttributeError after the states
+    # were replaced; stats_string, codec_not_the_policys (its residual then
+    # dropped), numel_true, version_true, world_size_float, residual_3e38 and
+    # ef_swapped were accepted; the states_* and *_ef cases raised TypeError,
+    # AttributeError or KeyError.
+    for r in suite:
+        error, unchanged = r[f"crafted/{case}"]
+        assert error is not None, f"{case}: accepted"
+        name, is_value_error, message = error
+        assert is_value_error and name == "InvalidArgument", error
+        assert "gradzip backend state_dict" in message or "saved error feedback state" in message, error
+        assert unchanged, f"{case}: the refused load changed the group's state"
+
+
 def test_codec_none_is_gloos_sum_bit_for_bit(suite):
     assert all(every(suite, "none/bit_identical"))
     assert every(suite, "none/exact_calls") == [1, 1]
@@ -168,7 +186,7 @@ def test_identity_rule():
     import torch
 
     import gradzip
-    from gradzip.torch._backend_policy import States
+    from gradzip.torch._backend_policy import Policy, States
 
     onebit, fp16 = gradzip.Codec("onebit"), gradzip.Codec("fp16")
     states = States()
@@ -195,9 +213,9 @@ def test_identity_rule():
     states.get(a2, onebit)
     assert len(states) == 2  # ... and goes at the next
     # A restored set starts orphaned and is taken over by order of first use.
-    restored = States()
-    restored.load_state_dict([{"device": "cpu", "dtype": "float32", "numel": 100, "codec": onebit.spec,
-                               "ef": gradzip.ErrorFeedback().state_dict()}] * 2)
+    policy = Policy("onebit", min_elements=0)
+    restored = States.restored([{"device": "cpu", "dtype": "float32", "numel": 100, "codec": onebit.spec,
+                                 "ef": gradzip.ErrorFeedback().state_dict()}] * 2, policy, 0, 2)
     x, y = torch.zeros(100), torch.zeros(100)
     ex, ey = restored.get(x, onebit), restored.get(y, onebit)
     assert ex is not ey and len(restored) == 2

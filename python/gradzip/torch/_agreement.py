@@ -84,8 +84,16 @@ def agree(group: Any, fields: List[Tuple[str, str]], who: str, round: str, misma
     if len(ranks) <= 1:
         return
     counter = _rounds.setdefault((who, ranks), itertools.count())
+    agree_on_store(c10d._get_default_store(), f"gradzip/{who}-agree/{'.'.join(map(str, ranks))}", next(counter),
+                   dist.get_rank(group), len(ranks), fields, timeout, round, mismatch)
+
+
+def agree_on_store(store: Any, key: str, index: int, rank: int, size: int, fields: List[Tuple[str, str]],
+                   timeout: Optional[float], round: str, mismatch: str) -> None:
+    """:func:`agree` on a store of the caller's (the backend's, while its group
+    is being made and torch's default store may not exist yet): round `index`
+    under `key`, `rank` of `size`. Collective."""
     try:
-        _core._agree_through_store(c10d._get_default_store(), f"gradzip/{who}-agree/{'.'.join(map(str, ranks))}",
-                                   next(counter), dist.get_rank(group), len(ranks), fields, timeout, round, mismatch)
+        _core._agree_through_store(store, key, index, rank, size, fields, timeout, round, mismatch)
     except _core.InvalidArgument as e:  # the report, without the C++ file:line it was raised at
         raise _core.InvalidArgument(re.sub(r"^\[[^\]]*\] ", "", str(e))) from None

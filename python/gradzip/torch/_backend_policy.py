@@ -102,25 +102,34 @@ class Policy:
             key, sep, value = part.partition("=")
             key = key.strip()
             if not sep or key not in ("codec", "min_elements", "algorithm", "server_codec"):
-                raise ValueError(f"GRADZIP_POLICY: cannot read {part!r}; expected key=value with key codec, "
-                                 f"min_elements, algorithm or server_codec, separated by ';'")
-            kwargs[key] = int(value) if key == "min_elements" else value.strip()
+                raise ValueError(f"cannot read {part!r}; expected key=value with key codec, min_elements, "
+                                 f"algorithm or server_codec, separated by ';'")
+            value = value.strip()
+            if key == "min_elements":
+                if not value.isdigit():  # (int() would take "+1_0" and " 7 ")
+                    raise ValueError(f"min_elements={value!r} is not a whole number of elements")
+                kwargs[key] = int(value)
+            else:
+                kwargs[key] = value
         return cls(**kwargs)
 
     def codec_for(self, tensor: torch.Tensor) -> Optional[Codec]:
         """The codec that reduces `tensor`, or None: exact."""
         name = ENGINE_DTYPES.get(tensor.dtype)
-        if name is None:
+        spec = None if name is None else self.spec_for(name, tensor.numel())
+        if spec is None:
             return None
-        n = tensor.numel()
-        for dtype, least, spec in self.rules:
-            if dtype in ("*", name) and n >= least:
-                if spec == "none":
-                    return None  # exact
-                codec = self._codecs.get(spec)
-                if codec is None:  # after release_codecs()
-                    codec = self._codecs[spec] = Codec(spec)
-                return codec
+        codec = self._codecs.get(spec)
+        if codec is None:  # after release_codecs()
+            codec = self._codecs[spec] = Codec(spec)
+        return codec
+
+    def spec_for(self, dtype: str, numel: int) -> Optional[str]:
+        """The codec spec of a tensor of `dtype` (an ENGINE_DTYPES name) and
+        `numel` elements, or None: exact."""
+        for rule_dtype, least, spec in self.rules:
+            if rule_dtype in ("*", dtype) and numel >= least:
+                return None if spec == "none" else spec
         return None
 
     def release_codecs(self) -> None:
@@ -238,17 +247,45 @@ class States:
         return [{"device": s.sig[0], "dtype": s.sig[1], "numel": s.sig[2], "codec": s.sig[3],
                  "ef": s.ef.state_dict()} for s in self._slots]
 
-    def load_state_dict(self, entries: Sequence[Dict[str, Any]]) -> None:
+    @classmethod
+    def restored(cls, entries: Any, policy: Policy, rank: int, size: int) -> "States":
+        """The states of a checkpoint's ``states`` list, every one orphaned,
+        after checking each entry against this group: a signature this
+        `policy` compresses (else its residual could never be used), and error
+        feedback bound to that codec and size on this rank of `size` (the C++
+        restore checks its bytes: checksum, limits, finite and bounded
+        residuals). Raises InvalidArgument naming the entry; nothing is kept."""
         from .. import ErrorFeedback
 
-        slots = []
-        for e in entries:
-            numel = e.get("numel")
-            if (e.get("device") not in ("cpu", "cuda") or e.get("dtype") not in ENGINE_DTYPES.values()
-                    or not isinstance(numel, int) or numel < 0 or not isinstance(e.get("codec"), str)):
-                raise InvalidArgument(f"gradzip backend state_dict: malformed state entry "
-                                      f"{ {k: e.get(k) for k in ('device', 'dtype', 'numel', 'codec')} }")
+        if not isinstance(entries, (list, tuple)):
+            raise InvalidArgument(f"gradzip backend state_dict: 'states' must be a list, got "
+                                  f"{type(entries).__name__}")
+        states = cls()
+        for i, e in enumerate(entries):
+            def bad(why: str) -> InvalidArgument:
+                return InvalidArgument(f"gradzip backend state_dict: state {i}: {why}")
+
+            if not isinstance(e, dict) or set(e) != {"device", "dtype", "numel", "codec", "ef"}:
+                raise bad("not a dict of device, dtype, numel, codec and ef")
+            device, dtype, numel, spec = e["device"], e["dtype"], e["numel"], e["codec"]
+            if device not in ("cpu", "cuda") or dtype not in ENGINE_DTYPES.values():
+                raise bad(f"device {device!r} or dtype {dtype!r} is not one the engine reduces")
+            if type(numel) is not int or numel < 0:
+                raise bad(f"numel must be an integer >= 0, got {numel!r}")
+            if not isinstance(spec, str) or policy.spec_for(dtype, numel) != spec:
+                raise bad(f"codec {spec!r} is not what this group's policy compresses {numel} x {dtype} with "
+                          f"({policy.spec_for(dtype, numel) or 'exact'}): saved under another policy?")
             ef = ErrorFeedback()
-            ef.load_state_dict(e["ef"])  # checks its bytes (checksum, limits, finite residuals)
-            slots.append(_Slot((e["device"], e["dtype"], numel, Codec(e["codec"]).spec), ef))
-        self._slots, self._by_addr, self._calls = slots, {}, 0
+            try:
+                ef.load_state_dict(e["ef"])
+            except (ValueError, TypeError, KeyError, AttributeError) as err:  # (InvalidArgument: a ValueError)
+                raise bad(f"ef: {err}") from None
+            layout = ef.layout
+            if ef.role not in (None, "collective"):
+                raise bad(f"ef holds a {ef.role!r} state, not a collective one")
+            if layout is not None and (layout["codec"] != spec or layout["n"] != numel or layout["rank"] != rank
+                                       or layout["world_size"] != size):
+                raise bad(f"ef is bound to {layout['codec']} x {layout['n']} on rank {layout['rank']} of "
+                          f"{layout['world_size']}, not to {spec} x {numel} on rank {rank} of {size}")
+            states._slots.append(_Slot((device, dtype, numel, spec), ef))
+        return states

@@ -42,7 +42,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import datetime
-import json
 import logging
 import os
 import threading
@@ -53,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from .. import InvalidArgument, IoError, _core
+from ._agreement import agree_on_store
 from ._backend_policy import ENGINE_DTYPES, Policy, States
 
 __all__ = ["NAME", "Policy", "ProcessGroupGradzip", "Work", "compression_stats", "load_state_dict", "register",
@@ -151,6 +151,54 @@ class Work(dist._Work):
 
     def get_future(self) -> torch.futures.Future:
         return self._chained
+
+    def result(self) -> List[torch.Tensor]:
+        self.wait()
+        return self._tensors
+
+
+class _ThenWork(dist._Work):
+    """A backend's Work followed by a step of gradzip's on success (gloo's SUM,
+    then the division that makes it an AVG). ``wait()`` raises whatever the
+    backend's work raised (its timeout, a peer's failure), and the step runs
+    only after a success, once: a failed reduction is never divided and
+    returned as if it were a result. (torch's ``_create_work_from_future``
+    gives a Work whose wait() returns True while its future holds the error.)"""
+
+    def __init__(self, inner: Any, step: Any, tensors: List[torch.Tensor]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._tensors = tensors
+
+        def then(f: torch.futures.Future) -> List[torch.Tensor]:
+            f.value()  # raises the backend's error before the step
+            step()
+            return tensors
+
+        self._fut = inner.get_future().then(then)
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        self._inner.wait(timeout)  # raises the backend's error (or its timeout)
+        self._fut.wait()  # the step has run (or raises what it raised)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self.exception() is None
+
+    def exception(self) -> Optional[BaseException]:
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.value()
+        except BaseException as e:  # the error is the answer
+            return e
+        return None
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
 
     def result(self) -> List[torch.Tensor]:
         self.wait()
@@ -278,21 +326,37 @@ class ProcessGroupGradzip(dist.ProcessGroup):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output, saved on this rank with the same
         policy and world size. Every state starts orphaned: the first compressed
-        calls take them over in order, by signature (docs/python.md)."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not a gradzip backend state_dict (version {_STATE_VERSION})")
-        saved = [tuple(f) for f in state.get("policy", [])]
+        calls take them over in order, by signature (docs/python.md).
+
+        All or nothing: every field is checked (types exactly, each state
+        against the policy, its residuals in C++) before anything is replaced;
+        a refused state dict raises InvalidArgument (a ValueError) and leaves
+        the group's states and counts as they were."""
+        def refuse(why: str) -> InvalidArgument:
+            return InvalidArgument(f"gradzip backend state_dict: {why}")
+
+        if not isinstance(state, dict):
+            raise refuse(f"not a dict: {type(state).__name__}")
+        if set(state) != {"version", "policy", "world_size", "states", "stats"}:
+            raise refuse(f"keys {sorted(map(str, state))}, not version, policy, world_size, states and stats")
+        version, policy, world = state["version"], state["policy"], state["world_size"]
+        if type(version) is not int or version != _STATE_VERSION:
+            raise refuse(f"version {version!r}; this release reads version {_STATE_VERSION}")
+        saved = [tuple(f) for f in policy] if isinstance(policy, (list, tuple)) and all(
+            isinstance(f, (list, tuple)) for f in policy) else policy
         if saved != self.policy.fields():
-            raise ValueError(f"the state_dict was saved under another policy: {saved} (this group: "
-                             f"{self.policy.fields()})")
-        if state.get("world_size") != self._size:
-            raise ValueError(f"the state_dict was saved with world_size={state.get('world_size')!r}, this group "
-                             f"has {self._size}")
+            raise refuse(f"saved under another policy: {saved!r} (this group: {self.policy.fields()})")
+        if type(world) is not int or world != self._size:
+            raise refuse(f"saved with world_size={world!r}, this group has {self._size}")
+        stats = state["stats"]
+        if not isinstance(stats, dict) or set(stats) != set(_new_stats()) or any(
+                type(v) is not int or v < 0 for v in stats.values()):
+            raise refuse(f"stats must map {', '.join(_new_stats())} to integers >= 0, got {stats!r}")
+        restored = States.restored(state["states"], self.policy, self._rank, self._size)
         self._drain()
         with self._submit, self._lock:
-            self._states.load_state_dict(state["states"])
-            self._stats = _new_stats()
-            self._stats.update({k: v for k, v in state.get("stats", {}).items() if k in self._stats})
+            self._states = restored
+            self._stats = dict(stats)
 
     # -- internals --------------------------------------------------------------
 
@@ -327,15 +391,13 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             sum_opts = dist.AllreduceOptions()
             sum_opts.reduceOp = dist.ReduceOp.SUM
             sum_opts.timeout = opts.timeout
-            work = backend.allreduce(tensors, sum_opts)
             size = self._size
 
-            def divide(f: Any) -> Any:
+            def divide() -> None:
                 for t in tensors:
                     t.div_(size)
-                return f.value()
 
-            return torch._C._distributed_c10d._create_work_from_future(work.get_future().then(divide))
+            return _ThenWork(backend.allreduce(tensors, sum_opts), divide, tensors)
         return backend.allreduce(tensors, opts)
 
     def _compressed_allreduce(self, t: torch.Tensor, codec: Any, opts: Any) -> Work:
@@ -379,7 +441,9 @@ class ProcessGroupGradzip(dist.ProcessGroup):
                 with torch.cuda.stream(stream):
                     run()
             except BaseException as e:  # the Work raises it from wait(), typed (gradzip.IoError ...)
-                work._finish(e)
+                # Without this thread's frames: they hold the communicator, codec
+                # and error feedback, which the error would keep alive to exit.
+                work._finish(e.with_traceback(None))
 
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradzip-pg")
@@ -478,44 +542,48 @@ def _policy_of(backend_options: Any) -> Policy:
     if _default_policy is not None:
         return _default_policy
     text = os.environ.get("GRADZIP_POLICY")
-    return Policy.parse(text) if text else Policy()
+    if not text:
+        return Policy()
+    try:
+        return Policy.parse(text)
+    except ValueError as e:  # (an unknown codec spec: InvalidArgument, one too)
+        raise InvalidArgument(f"GRADZIP_POLICY={text!r} is not a usable gradzip backend policy: "
+                              f"{e}") from None
 
 
 def _create(opts: Any, backend_options: Any) -> ProcessGroupGradzip:
     """torch's factory call (extended API), on every rank of a new group."""
-    policy = _policy_of(backend_options)
-    _agree(opts.store, opts.group_rank, opts.group_size, policy, opts.timeout)
+    try:
+        policy, problem = _policy_of(backend_options), None
+    except ValueError as e:  # (InvalidArgument is one): the other ranks hear of it in the agreement
+        policy, problem = None, e
+    _agree(opts.store, opts.group_rank, opts.group_size, policy, problem, opts.timeout)
+    if problem is not None:  # every rank has the same one (else the agreement raised)
+        raise problem
     pg = ProcessGroupGradzip(opts.store, opts.group_rank, opts.group_size, opts.timeout, policy)
     logger.info("gradzip backend: rank %d of %d, %r", opts.group_rank, opts.group_size, policy)
     return pg
 
 
-def _agree(store: Any, rank: int, size: int, policy: Policy, timeout: datetime.timedelta) -> None:
-    """Every rank publishes its policy in the new group's store and compares
-    the others' with its own: ranks that would compress different calls would
-    hang (one in gloo's allreduce, the other in the engine's exchange), so a
-    mismatch raises the same InvalidArgument on every rank here, in
-    init_process_group."""
+def _agree(store: Any, rank: int, size: int, policy: Optional[Policy], problem: Optional[BaseException],
+           timeout: datetime.timedelta) -> None:
+    """The ranks compare their policies in init_process_group: ranks that
+    would compress different calls would hang (one in gloo's allreduce, the
+    other in the engine's exchange), so a mismatch raises the same
+    InvalidArgument on every rank. A rank whose policy could not be made
+    (a malformed GRADZIP_POLICY) takes part with that error as its policy, so
+    that every rank raises at once rather than waiting out the timeout.
+
+    gradzip's agreement through the group's store (torch's, which has no
+    authentication), every record sealed with the job's key: a stranger on
+    the store can neither hide a mismatch nor invent one (_agreement.py)."""
     if size == 1:
         return
-    mine = policy.fields()
-    store.set(f"gradzip-policy/{rank}", json.dumps(mine))
-    others = [f"gradzip-policy/{r}" for r in range(size) if r != rank]
-    try:
-        store.wait(others, timeout)
-    except Exception as e:  # torch raises its own store errors on timeout
-        raise IoError(f"rank {rank}: the gradzip backend's ranks did not all publish their policy within "
-                      f"{timeout.total_seconds():g} s: {e}") from None
-    everyone = []
-    for r in range(size):
-        if r == rank:
-            everyone.append(mine)
-            continue
-        try:
-            everyone.append([(str(k), str(v)) for k, v in json.loads(store.get(f"gradzip-policy/{r}"))])
-        except (ValueError, TypeError) as e:
-            raise IoError(f"rank {rank}: the policy rank {r} published is malformed: {e}") from None
-    report = _core._describe_disagreement(everyone)
-    if report:
-        raise InvalidArgument("gradzip backend: the ranks' policies differ (give init_process_group the same "
-                              "Policy, or the same GRADZIP_POLICY, on every rank):" + report)
+    if problem is None:
+        fields = policy.fields()
+    else:
+        fields = [(name, f"unusable ({type(problem).__name__}: {problem})") for name, _ in Policy().fields()]
+    agree_on_store(store, "gradzip/backend-agree", 0, rank, size, fields, timeout.total_seconds(),
+                   "the gradzip backend's policy agreement (init_process_group)",
+                   "gradzip backend: the ranks' policies differ (give init_process_group the same Policy, or the "
+                   "same GRADZIP_POLICY, on every rank):")
