@@ -9,11 +9,12 @@
 // restore() trusts none of it: the checksum first (a damaged file), then
 // every field against its limit before any size arithmetic, then the
 // residuals, which must be finite (one NaN would spread to every rank's
-// result on the next call).
+// result on the next call) and at most kMaxResidual in magnitude.
 #include "comm/engine/error_feedback.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "comm/algorithms/algorithm.h"
@@ -31,6 +32,13 @@ constexpr std::uint32_t kStateVersion = 2;
 constexpr std::size_t kMaxSpec = 256;
 constexpr std::uint32_t kMaxWorld = 1u << 24;
 constexpr std::size_t kChecksumBytes = 8;
+// The largest residual a saved state may hold: 2^64 (1.8e19). A residual
+// joins the next step's value, which the allreduce sums over a codec's block
+// (up to 2^16 elements: its scale) and over the ranks (up to 2^24):
+// 2^64 * 2^16 * 2^24 = 2^104 stays below float's 2^128, so the first step
+// cannot overflow to inf on every rank, as 3e38 did (issue 32, item 3). No
+// real gradient residual comes near it.
+constexpr float kMaxResidual = 18446744073709551616.0f;  // 2^64
 
 [[noreturn]] void malformed(const std::string& why) { GZ_THROW(InvalidArgument, "saved error feedback state: ", why); }
 
@@ -52,16 +60,27 @@ std::string read_spec(bytes::Reader& in) {
   return std::string(spec);
 }
 
-// Residuals, checked finite.
+// A residual's value for a message: 3e+38, not 39 digits.
+std::string value(float x) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%g", static_cast<double>(x));
+  return s;
+}
+
+// Residuals, checked finite and at most kMaxResidual in magnitude.
 void read_residual(bytes::Reader& in, std::vector<float>& out, std::uint64_t count, const char* what) {
   const std::string_view raw = in.raw(4 * count, what);
   if (!in.ok()) malformed("truncated: " + in.failure());
   out.resize(count);
   if (count) std::memcpy(out.data(), raw.data(), raw.size());
-  for (std::uint64_t i = 0; i < count; ++i)
+  for (std::uint64_t i = 0; i < count; ++i) {
     if (!std::isfinite(out[i]))
-      malformed(std::string(what) + " element " + std::to_string(i) + " is " + std::to_string(out[i]) +
-                ", not finite");
+      malformed(std::string(what) + " element " + std::to_string(i) + " is " + value(out[i]) + ", not finite");
+    if (std::fabs(out[i]) > kMaxResidual)
+      malformed(std::string(what) + " element " + std::to_string(i) + " is " + value(out[i]) +
+                ", over the limit of 2^64 = " + value(kMaxResidual) +
+                " in magnitude (the next step could overflow; no real residual comes near it)");
+  }
 }
 
 std::string describe(const ErrorFeedback::Layout& l) {

@@ -18,6 +18,8 @@
 
 #include <string>
 
+#include "comm/security/job_token.h"
+
 namespace gz {
 
 struct JobIdentity {
@@ -34,17 +36,13 @@ struct JobIdentity {
   std::string describe() const;
 };
 
-/// Tokens are at least this long: the handshake gives an eavesdropper a
-/// proof it can test guesses against, so a token must not be guessable.
-inline constexpr std::size_t kMinTokenBytes = 16;
-
 /// From GRADZIP_JOB_TOKEN, else the launcher's variables (see above). Throws
-/// InvalidArgument for a token shorter than kMinTokenBytes. Without a token it
+/// InvalidArgument for a weak token (job_token.h). Without a token it
 /// prints, once per process, that strangers are not kept out of gradzip's own
 /// store (unless told not to: a store gradzip does not host).
 JobIdentity job_identity_from_env(bool warn_without_token = true);
 
-/// The identity a token gives (tests, and the launcher's own checks).
+/// The identity a token gives (tests); InvalidArgument for a weak token.
 JobIdentity job_identity_from_token(std::string token);
 
 /// A new random token (32 hex digits: 128 bits from the kernel).

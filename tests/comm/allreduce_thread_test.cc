@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <limits>
 #include <type_traits>
 
@@ -380,9 +381,10 @@ TEST(ErrorFeedback, SaveRestoreContinuesBitIdentically) {
 
 // Saved bytes changed after the fact: the checksum catches damage; with the
 // checksum made right again (a deliberate edit), every field is still
-// checked: non-finite residuals, n = 2^62, a world of 2^32-1, a non-ASCII
-// spec, an old version. Each is a clear InvalidArgument, never a
-// length_error or an abort.
+// checked: non-finite residuals, finite ones so large that the next step
+// overflows (3e38: every rank's result was inf), n = 2^62, a world of
+// 2^32-1, a non-ASCII spec, an old version. Each is a clear
+// InvalidArgument, never a length_error or an abort.
 void expect_damaged_states_refused(const std::string& saved) {
   // Offsets in the fp16 state (n = 64, allgather): see error_feedback.cc.
   const std::size_t spec_len = 4, spec = 12, n_at = spec + spec_len, world_at = n_at + 12;
@@ -413,6 +415,15 @@ void expect_damaged_states_refused(const std::string& saved) {
   EXPECT_EQ(refused(with(residuals + 8, &big, 4, false), "checksum"), "");
   EXPECT_EQ(refused(with(residuals + 8, &nan, 4, true), "not finite"), "");
   EXPECT_EQ(refused(with(residuals, &inf, 4, true), "not finite"), "");
+  // The limit is 2^64 in magnitude (error_feedback.cc says why): 3e38 and the
+  // float just over 2^64 are refused, 2^64 itself loads.
+  const float limit = 0x1p64f, over = std::nextafter(limit, big), minus_big = -big;
+  EXPECT_EQ(refused(with(residuals + 8, &big, 4, true), "element 2 is 3e+38, over the limit of 2^64"), "");
+  EXPECT_EQ(refused(with(residuals, &minus_big, 4, true), "over the limit of 2^64"), "");
+  EXPECT_EQ(refused(with(residuals + 4, &over, 4, true), "over the limit of 2^64"), "");
+  ErrorFeedback at_limit;
+  at_limit.restore(with(residuals + 8, &limit, 4, true));
+  EXPECT_EQ(at_limit.residuals().first.at(2), limit);
   EXPECT_EQ(refused(with(n_at, &huge_n, 8, true), "over the format's limit"), "");
   EXPECT_EQ(refused(with(world_at, &huge_world, 4, true), "world size"), "");
   EXPECT_EQ(refused(with(spec, "fp\xff" "6", 4, true), "printable"), "");
@@ -430,6 +441,7 @@ void expect_damaged_states_refused(const std::string& saved) {
     return s;
   };
   EXPECT_EQ(refused(v1_with(residuals, &inf, 4), "not finite"), "");
+  EXPECT_EQ(refused(v1_with(residuals, &big, 4), "over the limit of 2^64"), "");
   EXPECT_EQ(refused(v1_with(n_at, &huge_n, 8), "over the format's limit"), "");
   EXPECT_EQ(refused(v1 + "x", "bytes of residuals"), "");
   EXPECT_EQ(refused(with(4, &old_version, 4, false), "bytes of residuals"), "");  // v2 bytes labelled 1

@@ -85,8 +85,8 @@ TEST(Launcher, GivesEveryJobItsOwnToken) {
   EXPECT_EQ(std::set<std::string>(ta.begin(), ta.end()).size(), 1u) << a.output;
   EXPECT_EQ(ta[0].size(), 32u);
   EXPECT_NE(ta[0], tb[0]);
-  const RunResult c = run("-n 2 --env GRADZIP_JOB_TOKEN=mine-0123456789abcdef -- sh -c 'echo \"token=$GRADZIP_JOB_TOKEN\"'");
-  EXPECT_EQ(lines_with(c.output, "token="), std::vector<std::string>(2, "mine-0123456789abcdef")) << c.output;
+  const RunResult c = run("-n 2 --env GRADZIP_JOB_TOKEN=mine-5f0c9e2a71d4b83e -- sh -c 'echo \"token=$GRADZIP_JOB_TOKEN\"'");
+  EXPECT_EQ(lines_with(c.output, "token="), std::vector<std::string>(2, "mine-5f0c9e2a71d4b83e")) << c.output;
 }
 
 // A process that is gone (or a zombie nobody reaped yet).
@@ -213,25 +213,38 @@ TEST(Launcher, ALongLineDoesNotGrowTheLauncher) {
   EXPECT_LT(ru.ru_maxrss, 32 * 1024) << "KiB";  // the line is 97,656 KiB
 }
 
-// The job's token: empty or short is refused before any rank starts (an
-// empty --env value ran the job without one); one that looks chosen runs
-// with a warning.
-TEST(Launcher, RefusesAnEmptyOrShortTokenAndWarnsAboutAChosenOne) {
-  for (const char* bad : {"GRADZIP_JOB_TOKEN=", "GRADZIP_JOB_TOKEN=0123456789"}) {
-    const RunResult r = run(std::string("-n 1 --env ") + bad + " -- echo started");
-    EXPECT_EQ(r.code, 2) << r.output;
+// The job's token, when the user gives one (--env or the environment): an
+// empty, short or guessable one is refused before any rank starts, by the
+// ranks' own rule (they would refuse it anyway, later and once per rank;
+// an empty --env value once ran the job without one); a drawn one runs.
+TEST(Launcher, RefusesAWeakTokenBeforeAnyRankStarts) {
+  const struct {
+    std::string env, why;
+  } weak[] = {
+      {"GRADZIP_JOB_TOKEN=", "is empty"},
+      {"GRADZIP_JOB_TOKEN=0123456789", "is 10 characters long"},
+      {"GRADZIP_JOB_TOKEN=0123456789abcdef", "is guessable"},
+      {"'GRADZIP_JOB_TOKEN=                '", "holds whitespace"},
+      {"GRADZIP_JOB_TOKEN=aaaaaaaaaaaaaaaaaaaa", "has only 1 distinct characters"},
+      {"GRADZIP_JOB_TOKEN=0123456701234567", "is guessable"},
+  };
+  for (const auto& [env, why] : weak) {
+    const RunResult r = run("-n 1 --env " + env + " -- echo started");
+    EXPECT_EQ(r.code, 2) << env << ": " << r.output;
     EXPECT_EQ(r.output.find("started"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("at least 16 characters"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--env GRADZIP_JOB_TOKEN " + why), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("at least 16 characters of random data"), std::string::npos) << r.output;
   }
-  for (const char* chosen : {"GRADZIP_JOB_TOKEN=0123456789abcdef", "'GRADZIP_JOB_TOKEN=                '",
-                             "GRADZIP_JOB_TOKEN=aaaaaaaaaaaaaaaaaaaa"}) {
-    const RunResult r = run(std::string("-n 1 --env ") + chosen + " -- echo started");
-    EXPECT_EQ(r.code, 0) << r.output;
-    EXPECT_NE(r.output.find("warning: --env GRADZIP_JOB_TOKEN"), std::string::npos) << r.output;
-  }
+  ::setenv("GRADZIP_JOB_TOKEN", "abcdefghijklmnop", 1);
+  const RunResult from_env = run("-n 1 -- echo started");
+  ::unsetenv("GRADZIP_JOB_TOKEN");
+  EXPECT_EQ(from_env.code, 2) << from_env.output;
+  EXPECT_EQ(from_env.output.find("started"), std::string::npos) << from_env.output;
+  EXPECT_NE(from_env.output.find("gradzip-run: GRADZIP_JOB_TOKEN is guessable"), std::string::npos) << from_env.output;
   const RunResult drawn = run("-n 1 --env GRADZIP_JOB_TOKEN=5f0c9e2a71d4b83e6a0f92c4d17b5e38 -- echo started");
   EXPECT_EQ(drawn.code, 0) << drawn.output;
-  EXPECT_EQ(drawn.output.find("warning"), std::string::npos) << drawn.output;
+  EXPECT_NE(drawn.output.find("started"), std::string::npos) << drawn.output;
+  EXPECT_EQ(drawn.output.find("GRADZIP_JOB_TOKEN"), std::string::npos) << drawn.output;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -248,6 +249,48 @@ def resume(rank: int, world: int, codec: str, overlap: bool, transport: str, syn
     }
 
 
+def absurd_states(rank: int, world: int, transport: str) -> Dict[str, Any]:
+    """Checkpoints edited (on every rank) to hold finite but absurd values,
+    which pass the finiteness checks: W and Delta of 3e38, or an error
+    feedback residual of 3e38 with its checksum recomputed. Before, both
+    trained on to the end, exit 0, with a W of inf or NaN on every rank. For
+    each: where it failed ("load" or "train", or "none"), the error, and
+    whether W was still finite."""
+
+    def absurd_global(s: Dict[str, Any]) -> None:
+        s["global"] = torch.full_like(s["global"], 3e38)
+        s["delta"] = torch.full_like(s["delta"], 3e38)
+
+    def absurd_residual(s: Dict[str, Any]) -> None:
+        saved = s["error_feedback"][0]
+        body = bytes(saved["data"])[:-8]  # the last residual, then the checksum
+        body = body[:-4] + struct.pack("<f", 3e38)
+        s["error_feedback"][0] = {**saved, "data": body + struct.pack("<Q", gradzip._core._checksum64(body))}
+
+    out: Dict[str, Any] = {}
+    for name, edit in (("absurd_global", absurd_global), ("absurd_residual", absurd_residual)):
+        model = make_model(rank)
+        opt = BlockMomentum(model, local_optimizer(model), block_steps=2, block_momentum=0.5, codec="onebit",
+                            bucket_elements=40, transport=transport)
+        train(opt, model, rank, 0, 3)
+        state = opt.state_dict()
+        edit(state)
+        where, error = "none", "no error"
+        try:
+            where = "load"
+            opt.load_state_dict(state)
+            where = "train"
+            train(opt, model, rank, 3, 6)
+            opt.sync()
+            where = "none"
+        except Exception as e:  # noqa: BLE001 (the test reads which error, and where)
+            error = f"{type(e).__name__}: {e}"
+        out[name] = {"where": where, "error": error,
+                     "finite": bool(np.isfinite(global_of(opt)).all())}
+        opt.close()
+    return out
+
+
 def diloco(rank: int, world: int, transport: str) -> Dict[str, Any]:
     """nesterov=True is DiLoCo's outer optimizer: torch SGD(lr=zeta,
     momentum=mu, nesterov=True) on the outer gradient x - mean(W_local), with
@@ -449,6 +492,7 @@ def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
     out["ref/sync_steps"] = against_reference(rank, world, [1, 1, 1, 4, 4, 2], block_momentum=0.6, block_lr=0.9,
                                               block_steps=4, sync_steps=3, bucket_elements=20, **t)
     out["misuse"] = misuse(rank, world, transport)
+    out["absurd_states"] = absurd_states(rank, world, transport)
     if world > 1:
         out["ref/onebit_ef"] = against_reference(rank, world, [2, 2, 2, 2], codec="onebit", algorithm="allgather",
                                                  bucket_elements=20, **t)

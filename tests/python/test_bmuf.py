@@ -120,6 +120,22 @@ def test_module_buffers_are_averaged_at_block_ends(three_ranks):
         assert r["steps_tracked"] == 2
 
 
+def test_absurd_restored_states_stop_every_rank_with_a_clear_error(suite):
+    # Before: a checkpoint edited to hold W and Delta of 3e38, or an error
+    # feedback residual of 3e38 (checksum recomputed), passed the finiteness
+    # checks; training ended with exit 0 and a W of inf on every rank (issue 32).
+    for rank, out in enumerate(every_rank(suite, "absurd_states")):
+        state = out["absurd_global"]
+        assert state["where"] == "train", f"rank {rank}: {state}"
+        assert state["error"].startswith("FloatingPointError: gradzip BlockMomentum: the global model W holds NaN "
+                                         "or infinite values"), f"rank {rank}: {state}"
+        assert f"of {len(suite)})" in state["error"], f"rank {rank}: {state}"
+        residual = out["absurd_residual"]
+        assert residual["where"] == "load", f"rank {rank}: {residual}"
+        assert "over the limit of 2^64" in residual["error"], f"rank {rank}: {residual}"
+        assert residual["finite"], f"rank {rank}: the refused state replaced W: {residual}"
+
+
 def test_misuse_needing_a_process_group(suite):
     m = suite[0]["misuse"]
     assert "DistributedDataParallel" in m["ddp"]

@@ -91,6 +91,7 @@ def test_saved_states_are_checked_before_use():
         "NaN residual": (saved_state(residual=math.nan), "not finite"),
         "3e38 where the checksum disagrees": (good[:-12] + struct.pack("<f", 3e38) + good[-8:], "checksum"),
         "infinite residual": (saved_state(residual=math.inf), "not finite"),
+        "3e38 with the checksum recomputed": (saved_state(residual=3e38), "over the limit of 2\\^64"),
         "n = 2^62": (saved_state(n=1 << 62, count=0), "limit"),
         "non-UTF-8 spec": (saved_state(spec=b"one\xffbit"), "printable"),
         "world 2^32-1": (saved_state(world=0xFFFFFFFF), "world size"),

@@ -111,27 +111,6 @@ std::string describe_status(int status) {
 
 }  // namespace
 
-std::string weak_token(const std::string& token) {
-  if (token.empty()) return "empty";
-  if (token.size() < kMinTokenChars) return std::to_string(token.size()) + " characters long";
-  for (const char c : token)
-    if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) return "holds whitespace or control characters";
-  bool seen[256] = {};
-  std::size_t distinct = 0, steps = 0;
-  for (std::size_t i = 0; i < token.size(); ++i) {
-    const auto c = static_cast<unsigned char>(token[i]);
-    distinct += !seen[c];
-    seen[c] = true;
-    if (i > 0) {
-      const int d = static_cast<int>(c) - static_cast<unsigned char>(token[i - 1]);
-      steps += d == 1 || d == -1;
-    }
-  }
-  if (distinct < 8) return "has only " + std::to_string(distinct) + " distinct characters";
-  if (4 * steps >= 3 * (token.size() - 1)) return "is mostly a run of consecutive characters";
-  return {};
-}
-
 int free_port(const std::string& host) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error("socket failed");

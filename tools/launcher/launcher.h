@@ -31,15 +31,6 @@ struct LaunchOptions {
   std::map<std::string, std::string> env;     ///< extra variables for every rank
 };
 
-/// The fewest characters a GRADZIP_JOB_TOKEN may have (the ranks refuse fewer).
-inline constexpr std::size_t kMinTokenChars = 16;
-
-/// Why `token` is a weak GRADZIP_JOB_TOKEN ("" when it is not): empty,
-/// shorter than kMinTokenChars, whitespace or control characters, fewer than
-/// 8 distinct characters, or a run (most successive characters one step
-/// apart, as in 0123456789abcdef or abcdefghijklmnop).
-std::string weak_token(const std::string& token);
-
 /// A free TCP port on `host` (bound and released).
 int free_port(const std::string& host);
 

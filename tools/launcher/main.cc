@@ -6,6 +6,7 @@
 #include <exception>
 #include <string>
 
+#include "comm/security/job_token.h"
 #include "tools/launcher/launcher.h"
 #include "tools/launcher/netns_placement.h"
 
@@ -30,9 +31,10 @@ void usage(FILE* f) {
       "  --port P           MASTER_PORT (default: a free port)\n"
       "  --grace SECONDS    time between SIGTERM and SIGKILL, 0..3600 (default 5)\n"
       "  --env KEY=VALUE    extra environment for every rank (repeatable). A GRADZIP_JOB_TOKEN given\n"
-      "                     here or in the environment must have at least 16 characters (an empty\n"
-      "                     one is refused); one that looks chosen (few distinct characters, a run\n"
-      "                     like 0123456789abcdef, whitespace) is warned about\n"
+      "                     here or in the environment must be at least 16 characters of random\n"
+      "                     data; an empty or guessable one (whitespace, few distinct characters,\n"
+      "                     mostly repeats, runs like 0123456789abcdef or copies like abcabc) is\n"
+      "                     refused, as the ranks would refuse it\n"
       "\n"
       "Emulated cluster (root and iproute2 needed):\n"
       "  --link RATE[,DELAY]  each rank in its own network namespace, joined to a switch\n"
@@ -153,27 +155,19 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
-  // The token the job will run with, when the user gives one: refused when
-  // empty or shorter than the ranks accept (16 characters), warned about when
-  // it looks chosen rather than drawn (docs/comm.md, "Trust").
+  // The token the job will run with, when the user gives one: a weak one is
+  // refused before any rank starts, by the rule the ranks would refuse it by
+  // (docs/comm.md, "Trust").
   {
     const auto given = o.env.find("GRADZIP_JOB_TOKEN");
     const char* from_env = std::getenv("GRADZIP_JOB_TOKEN");
     const bool set = given != o.env.end() || (from_env && *from_env);
     const std::string token = given != o.env.end() ? given->second : (from_env ? from_env : "");
     const char* where = given != o.env.end() ? "--env GRADZIP_JOB_TOKEN" : "GRADZIP_JOB_TOKEN";
-    if (set) {
-      if (const std::string why = gz::launcher::weak_token(token); !why.empty()) {
-        if (token.size() < gz::launcher::kMinTokenChars) {
-          std::fprintf(stderr, "gradzip-run: %s is %s; give at least %zu characters of random data "
-                               "(e.g. $(head -c16 /dev/urandom | xxd -p)), or leave it unset for a fresh one\n",
-                       where, why.c_str(), gz::launcher::kMinTokenChars);
-          return 2;
-        }
-        std::fprintf(stderr, "gradzip-run: warning: %s %s: it looks chosen, not drawn, and a stranger who guesses "
-                             "it can join the job (e.g. $(head -c16 /dev/urandom | xxd -p), or leave it unset "
-                             "for a fresh one)\n", where, why.c_str());
-      }
+    if (const std::string why = set ? gz::job_token_weakness(token) : std::string(); !why.empty()) {
+      std::fprintf(stderr, "gradzip-run: %s %s; the ranks would refuse it: %s, or leave it unset for a fresh one\n",
+                   where, why.c_str(), gz::kJobTokenAdvice);
+      return 2;
     }
   }
   if (link.empty() && (!mtu.empty() || !burst.empty() || per_node)) {

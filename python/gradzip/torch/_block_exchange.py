@@ -19,6 +19,9 @@ and once per block:
   batch norm statistics; the parameters a layer filter keeps exact), the
   same bits on every rank; ``part`` names the tensor (one state each).
 - ``broadcast_(flat)``: rank 0's values on every rank (the initial model).
+- ``ranks_where(flag, device)``: the ranks whose flag is set, the same list
+  on every rank (W not finite after the outer step: every rank raises, none
+  trains on).
 
 :class:`CommunicatorExchange` implements them over a
 :class:`gradzip.Communicator`, whichever transport carries its bytes
@@ -90,6 +93,14 @@ class CommunicatorExchange:
             flat.zero_()
         # A state of its own: a state is bound to one buffer size.
         self.comm.allreduce(flat, self._fp32, gradzip.ErrorFeedback(), op="sum")
+
+    def ranks_where(self, flag: bool, device: torch.device) -> List[int]:
+        import gradzip
+
+        flags = torch.zeros(self.size, dtype=torch.float32, device=device)
+        flags[self.rank] = float(flag)
+        self.comm.allreduce(flags, self._fp32, gradzip.ErrorFeedback(), op="sum")
+        return [r for r, f in enumerate(flags.tolist()) if f != 0]
 
     def agree(self, what: str, fields: Dict[str, Any], device: torch.device) -> None:
         import gradzip

@@ -317,7 +317,12 @@ class BlockMomentum:
     def step(self, closure: Any = None) -> Any:
         """One step of the local optimizer; every ``block_steps``-th call (each
         of the first ``sync_steps`` calls) also ends the block (the exchange and
-        the filter). Returns the closure's loss."""
+        the filter). Returns the closure's loss.
+
+        Raises:
+            FloatingPointError: on every rank, when the block's outer step
+                left W with NaN or infinite values (training diverged, or was
+                restored from a state with absurd values)."""
         loss = self.local_optimizer.step() if closure is None else self.local_optimizer.step(closure)
         self._local_steps += 1
         self._steps += 1
@@ -616,11 +621,31 @@ class BlockMomentum:
             torch.sub(p.detach().reshape(-1), start[lo:hi], out=out[lo:hi])
 
     def _filter(self, g: torch.Tensor) -> None:
-        """Delta = mu * Delta + zeta * G; W = W + Delta (g is consumed)."""
+        """Delta = mu * Delta + zeta * G; W = W + Delta (g is consumed); then W must be finite."""
         if self.block_lr != 1.0:
             g.mul_(self.block_lr)
         self._delta.mul_(self.block_momentum).add_(g)
         self._global.add_(self._delta)
+        self._check_global()
+
+    def _check_global(self) -> None:
+        """Raises FloatingPointError on every rank when W is not finite on any.
+
+        A state restored with finite but absurd values (W or Delta near
+        float32's limit) overflowed here and training went on to the end,
+        exit 0, with a W of inf (issue 32); so does a diverging run. Every
+        rank computes W from the same bits, but the ranks still agree on the
+        answer (one float each, once per block), so that no rank trains on
+        while another raises."""
+        bad = self._exchange.ranks_where(not bool(torch.isfinite(self._global).all()), self._global.device)
+        if bad:
+            raise FloatingPointError(
+                f"gradzip BlockMomentum: the global model W holds NaN or infinite values after the outer step "
+                f"at step {self._steps} (on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} of "
+                f"{self.world_size}): "
+                f"training diverged, or the state it was restored from holds values too large for float32 "
+                f"(W, Delta or the update in flight near 3.4e38). Restore an earlier checkpoint; if it diverges "
+                f"again, lower block_lr, block_momentum or the local learning rate")
 
     def _average(self, flat: torch.Tensor) -> Tuple[int, int]:
         """flat becomes the average over ranks (compressed, per bucket; with
