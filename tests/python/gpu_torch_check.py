@@ -13,6 +13,13 @@ so its checks run one rank):
   ddp_hook_nccl_1rank      DDP hook over a one-rank NCCL group (torch transport), codec none = no hook
   fsdp2_ucx_2ranks         fully_shard + gradzip.torch.fsdp.register, onebit: finite, same on both ranks
   bmuf_ucx_2ranks          BlockMomentum (onebit, transport="gradzip"), 2 blocks: same global model
+  cadamw_ucx_2ranks        CompressedAdamW(codec="onebit", transport="gradzip") under DDP, past its
+                           warm-up into the compressed stage, in fp32 and under bf16 autocast (the
+                           optimizer keeps float32 parameters): same on both ranks
+  cadamw_nccl_1rank        CompressedAdamW over a one-rank NCCL group (torch transport): compressed stage reached
+  ddp_hook_bf16_ucx_2ranks a bfloat16 model through the DDP hook (onebit, qsgd): same on both ranks
+Not here: the process-group backend's compressed path on CUDA (`cuda:gradzip`), which
+runs over NCCL and so needs a GPU per rank (NCCL refuses two ranks on one device).
 Exit status 0 when every check passed (a check that cannot run here, e.g. no
 GPU, counts as skipped and fails the run: this script is only run where a GPU is).
 """
@@ -34,9 +41,20 @@ import torch  # noqa: E402
 from dist_util import run_ranks  # noqa: E402
 
 
+# Where the checks run: "cuda" on the GPU machine; "cpu" (--device cpu) runs
+# the same code on host tensors, so CI catches a broken check before GPU time
+# is spent on it (tests/python/test_gpu_check_smoke.py).
+DEVICE = os.environ.get("GZ_CHECK_DEVICE", "cuda")
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def _net(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(DEVICE)
 
 
 def _flat(module: torch.nn.Module) -> torch.Tensor:
@@ -52,8 +70,8 @@ def _same_on_every_rank(x: torch.Tensor) -> bool:
 
 
 def _batch(rank: int, step: int) -> torch.Tensor:
-    g = torch.Generator(device="cuda").manual_seed(1000 * step + rank)
-    return torch.randn(32, 256, device="cuda", generator=g)
+    g = torch.Generator(device=DEVICE).manual_seed(1000 * step + rank)
+    return torch.randn(32, 256, device=DEVICE, generator=g)
 
 
 def _train(ddp: torch.nn.Module, rank: int, steps: int = 4) -> None:
@@ -63,7 +81,7 @@ def _train(ddp: torch.nn.Module, rank: int, steps: int = 4) -> None:
         opt.zero_grad()
         ddp(_batch(rank, step)).square().mean().backward()
         opt.step()
-    torch.cuda.synchronize()
+    _sync()
 
 
 def ddp_hook_ucx(rank: int, world: int) -> Dict[str, Any]:
@@ -154,7 +172,7 @@ def fsdp2_ucx(rank: int, world: int) -> Dict[str, Any]:
     from gradzip.torch import fsdp as gz_fsdp
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).to(DEVICE)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
@@ -165,12 +183,12 @@ def fsdp2_ucx(rank: int, world: int) -> Dict[str, Any]:
     state = gz_fsdp.register(model, codec="onebit")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(3):
-        g = torch.Generator(device="cuda").manual_seed(100 * step + rank)
-        x = torch.randn(16, 64, device="cuda", generator=g)
+        g = torch.Generator(device=DEVICE).manual_seed(100 * step + rank)
+        x = torch.randn(16, 64, device=DEVICE, generator=g)
         opt.zero_grad()
         model(x).square().mean().backward()
         opt.step()
-    torch.cuda.synchronize()
+    _sync()
     full = _full_on_host(model)
     s = state.compression_stats()
     return {"finite": bool(torch.isfinite(full).all()), "same": _same_on_every_rank(full),
@@ -187,7 +205,7 @@ def bmuf_ucx(rank: int, world: int) -> Dict[str, Any]:
         local.zero_grad()
         net(_batch(rank, step)).square().mean().backward()
         opt.step()
-    torch.cuda.synchronize()
+    _sync()
     with opt.global_model():
         flat = _flat(net)
     blocks = opt.compression_stats()["blocks"]
@@ -195,11 +213,75 @@ def bmuf_ucx(rank: int, world: int) -> Dict[str, Any]:
     return {"finite": bool(torch.isfinite(flat).all()), "same": _same_on_every_rank(flat), "blocks": blocks == 2}
 
 
+def _cadamw_run(rank: int, dtype: torch.dtype, **kwargs: Any) -> Dict[str, Any]:
+    """CompressedAdamW on `_net` under DDP, computing in `dtype` (bf16: autocast;
+    the optimizer keeps float32 parameters and refuses others): 3 warm-up
+    steps, then compressed ones; finite, compressing, the same on every rank."""
+    import contextlib
+
+    from gradzip.torch import CompressedAdamW
+
+    net = _net(0)
+    group = kwargs.pop("process_group", None)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=group)
+    opt = CompressedAdamW(net.parameters(), lr=1e-3, codec="onebit", min_warmup_steps=3, max_warmup_steps=3,
+                          process_group=group, **kwargs)
+    opt.register_ddp(ddp)
+    for step in range(8):
+        opt.zero_grad()
+        with (torch.autocast(DEVICE, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()):
+            loss = ddp(_batch(rank, step)).float().square().mean()
+        loss.backward()
+        opt.step()
+    _sync()
+    flat = _flat(net)
+    return {"finite": bool(torch.isfinite(flat).all()), "compressing": opt.compressing,
+            "same": group is not None or _same_on_every_rank(flat)}
+
+
+def cadamw_ucx(rank: int, world: int) -> Dict[str, Any]:
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).replace("torch.", "")
+        out.update({f"{name}_{k}": v for k, v in _cadamw_run(rank, dtype, transport="gradzip").items()})
+    return out
+
+
+def cadamw_nccl_1rank(rank: int, world: int) -> Dict[str, Any]:
+    import torch.distributed as dist
+
+    return _cadamw_run(rank, torch.float32, process_group=dist.new_group(backend="nccl"), transport="torch")
+
+
+def ddp_hook_bf16_ucx(rank: int, world: int) -> Dict[str, Any]:
+    from gradzip.torch import CompressionState, compression_hook
+
+    out = {}
+    for codec in ("onebit", "qsgd:bits=4"):
+        net = _net(0).to(torch.bfloat16)
+        ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.25)
+        state = CompressionState(codec=codec, transport="gradzip")
+        ddp.register_comm_hook(state, compression_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(4):
+            opt.zero_grad()
+            ddp(_batch(rank, step).to(torch.bfloat16)).float().square().mean().backward()
+            opt.step()
+        _sync()
+        flat = _flat(net)
+        out[codec] = bool(torch.isfinite(flat).all()) and _same_on_every_rank(flat) and state.step == 4
+        del ddp, state
+    return out
+
+
 CHECKS: Dict[str, tuple] = {
     "ddp_hook_ucx_2ranks": (ddp_hook_ucx, 2),
     "ddp_hook_nccl_1rank": (ddp_hook_nccl_1rank, 1),
     "fsdp2_ucx_2ranks": (fsdp2_ucx, 2),
     "bmuf_ucx_2ranks": (bmuf_ucx, 2),
+    "cadamw_ucx_2ranks": (cadamw_ucx, 2),
+    "cadamw_nccl_1rank": (cadamw_nccl_1rank, 1),
+    "ddp_hook_bf16_ucx_2ranks": (ddp_hook_bf16_ucx, 2),
 }
 
 
@@ -219,22 +301,37 @@ def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--list", action="store_true", help="print the checks' names and exit")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: the same checks on host tensors (a smoke test of the script; NCCL checks skip)")
+    ap.add_argument("--only", default="", help="comma-separated check names (default: all)")
     args = ap.parse_args(argv)
     if args.list:
         print("\n".join(CHECKS))
         return 0
+    os.environ["GZ_CHECK_DEVICE"] = args.device  # the ranks are new processes: they read DEVICE from it
+    global DEVICE
+    DEVICE = args.device
+    chosen = [n for n in args.only.split(",") if n] or list(CHECKS)
+    unknown = sorted(set(chosen) - set(CHECKS))
+    if unknown:
+        ap.error(f"unknown checks {unknown}; --list shows them")
     results: Dict[str, Any] = {}
-    if not torch.cuda.is_available():
-        results = {name: {"verdict": "SKIP", "detail": "no CUDA device", "seconds": 0} for name in CHECKS}
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        results = {name: {"verdict": "SKIP", "detail": "no CUDA device", "seconds": 0} for name in chosen}
     else:
-        for name, (fn, world) in CHECKS.items():
+        for name in chosen:
+            fn, world = CHECKS[name]
+            if DEVICE == "cpu" and "nccl" in name:
+                results[name] = {"verdict": "SKIP", "detail": "NCCL needs a GPU", "seconds": 0}
+                continue
             results[name] = run_check(fn, world)
             r = results[name]
             print(f"{r['verdict']} {name} ({r['seconds']} s): {r['detail']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    return 0 if all(r["verdict"] == "PASS" for r in results.values()) else 1
+    ok = ("PASS", "SKIP") if DEVICE == "cpu" else ("PASS",)
+    return 0 if all(r["verdict"] in ok for r in results.values()) else 1
 
 
 if __name__ == "__main__":
