@@ -126,20 +126,25 @@ def _exchange_line(link: Dict[str, Any]) -> str:
 
 
 def markdown(links: List[Dict[str, Any]], settings: lm.Settings, seeds: Sequence[int], ranks: int) -> str:
-    """The exchange fraction per link, then per link the time-to-target table."""
-    lines = [f"fp32 DDP's step per link, {ranks} ranks, rank 0's clock: with the exchange, and without it "
-             f"(DDP's no_sync); {links[0]['exchange']['steps'] if links[0]['exchange'] else 0} steps each.", "",
-             f"| link | fp32 DDP step (ms) | without the exchange (ms) | exchange | >= {100 * EXCHANGE_BOUND:.0f}% |",
-             "|---|---:|---:|---:|---|"]
-    lines += [_exchange_line(link) for link in links]
+    """The exchange fraction per link (where measured), then per link the time-to-target table."""
+    lines: List[str] = []
+    measured = [link["exchange"] for link in links if link["exchange"]]
+    if measured:
+        lines += [f"fp32 DDP's step per link, {ranks} ranks, rank 0's clock: with the exchange, and without it "
+                  f"(DDP's no_sync); {measured[0]['steps']} steps each.", "",
+                  f"| link | fp32 DDP step (ms) | without the exchange (ms) | exchange | "
+                  f">= {100 * EXCHANGE_BOUND:.0f}% |", "|---|---:|---:|---:|---|"]
+        lines += [_exchange_line(link) for link in links]
     for link in links:
         rows = link.get("summary")
         if not rows:
             continue
         targets = ", ".join(f"{r['target']:.4f} (seed {r['seed']})" for r in link["results"] if r["method"] == "fp32")
-        lines += ["", f"### Link {link['link']}", "", lm.describe(rows, settings, seeds) + " Target: fp32 DDP's "
-                  f"final validation loss, {targets}. Seconds: rank 0's training time (evaluations left out; "
-                  "warm-ups included), to the first evaluation at or below the target.", "",
+        lines += [""] if lines else []
+        lines += [f"### Link {link['link']}", "",
+                  lm.describe(rows, settings, seeds) + f" Target: fp32 DDP's final validation loss, {targets}. "
+                  "Seconds: rank 0's training time (evaluations left out; warm-ups included), to the first "
+                  "evaluation at or below the target.", "",
                   "| method | final val loss | vs fp32 | wire MB/rank | wire ratio vs fp32 | train s "
                   "| s to fp32's final loss | steps to it | speedup vs fp32 |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
