@@ -17,6 +17,7 @@ Methods (compared with fp32):
 
     fp32                     DDP without a hook (ring allreduce of fp32)
     torch-bf16               torch's bf16_compress_hook
+    torch-fp16               torch's fp16_compress_hook
     <gradzip spec>           gradzip's DDP hook with its defaults, e.g. onebit, topk:density=0.01
     <spec>@hook:k=v,...      the hook with options: warmup=N (fixed warm-up steps),
                              algorithm=..., server=<spec>, exact=N|off|auto (layer filter),
@@ -47,6 +48,26 @@ Methods (compared with fp32):
                              layer filter: BlockMomentum's exact_below, as @hook:exact=)
 
     python -m gradzip.experiments.lm --ranks 4 --methods fp32,onebit,onebit@cm --plot lm.png
+
+Time to accuracy over emulated links (_tta.py; root): --link RATE[,DELAY]
+(repeatable) runs every method and seed as one job of ``gradzip-run -n RANKS
+--link RATE -- python -m gradzip.experiments.lm --launched ...`` per link
+(--link local: gradzip-run without emulated links). Each job first times
+--exchange-steps steps of fp32 DDP with and without its gradient exchange
+(DDP's no_sync): the share of fp32's step the link takes. Rank 0 records its
+training seconds at every --eval-every evaluation (the clock paused while
+evaluating); the report gives, per link and method, the seconds to fp32
+DDP's final validation loss (same seed; the first evaluation at or below it,
+else "not reached"), the speedup against fp32's own, the final loss and the
+wire bytes, warm-ups included. --json holds every curve as (step, seconds,
+loss), --plot draws the loss against the seconds (a panel per link), and
+--exchange-only measures only the exchange share. Without --methods:
+fp32, torch-fp16, backend, onebit (the hook's defaults), onebit@cm.
+--device cuda and --width/--layers/--heads/--context size the run for a GPU.
+
+    python -m gradzip.experiments.lm --exchange-only --link 100mbit --link 50mbit --link 25mbit
+    python -m gradzip.experiments.lm --link 100mbit --link 25mbit --eval-every 10 \
+        --json tta.json --markdown tta.md --plot tta.png
 
 Runs are deterministic given the seed (the same losses on a loaded machine);
 wall times are not.
