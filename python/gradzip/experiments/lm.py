@@ -17,6 +17,7 @@ Methods (compared with fp32):
 
     fp32                     DDP without a hook (ring allreduce of fp32)
     torch-bf16               torch's bf16_compress_hook
+    torch-fp16               torch's fp16_compress_hook
     <gradzip spec>           gradzip's DDP hook with its defaults, e.g. onebit, topk:density=0.01
     <spec>@hook:k=v,...      the hook with options: warmup=N (fixed warm-up steps),
                              algorithm=..., server=<spec>, exact=N|off|auto (layer filter),
@@ -47,6 +48,26 @@ Methods (compared with fp32):
                              layer filter: BlockMomentum's exact_below, as @hook:exact=)
 
     python -m gradzip.experiments.lm --ranks 4 --methods fp32,onebit,onebit@cm --plot lm.png
+
+Time to accuracy over emulated links (_tta.py; root): --link RATE[,DELAY]
+(repeatable) runs every method and seed as one job of ``gradzip-run -n RANKS
+--link RATE -- python -m gradzip.experiments.lm --launched ...`` per link
+(--link local: gradzip-run without emulated links). Each job first times
+--exchange-steps steps of fp32 DDP with and without its gradient exchange
+(DDP's no_sync): the share of fp32's step the link takes. Rank 0 records its
+training seconds at every --eval-every evaluation (the clock paused while
+evaluating); the report gives, per link and method, the seconds to fp32
+DDP's final validation loss (same seed; the first evaluation at or below it,
+else "not reached"), the speedup against fp32's own, the final loss and the
+wire bytes, warm-ups included. --json holds every curve as (step, seconds,
+loss), --plot draws the loss against the seconds (a panel per link), and
+--exchange-only measures only the exchange share. Without --methods:
+fp32, torch-fp16, backend, onebit (the hook's defaults), onebit@cm.
+--device cuda and --width/--layers/--heads/--context size the run for a GPU.
+
+    python -m gradzip.experiments.lm --exchange-only --link 100mbit --link 50mbit --link 25mbit
+    python -m gradzip.experiments.lm --link 100mbit --link 25mbit --eval-every 10 \
+        --json tta.json --markdown tta.md --plot tta.png
 
 Runs are deterministic given the seed (the same losses on a loaded machine);
 wall times are not.
@@ -89,6 +110,7 @@ class Settings:
     eval_every: int = 50          # validation loss of the shared model every N steps (and at the end)
     eval_sequences: int = 64
     threads_per_rank: int = 1
+    device: str = "cpu"           # where the model and batches live (cuda: every rank on its current GPU)
 
 
 @dataclass
@@ -104,6 +126,8 @@ class Result:
     seconds: float
     curve: List[Tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
     extra: Dict[str, Any] = field(default_factory=dict)
+    # Rank 0's training seconds (evaluations left out) at each point of `curve`: time to accuracy.
+    curve_seconds: List[float] = field(default_factory=list)
 
 
 # -- data -----------------------------------------------------------------------
@@ -349,6 +373,9 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
     if method == "torch-bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
         return Method(ddp, opt, lambda steps: ring * dense / 2 * steps)
+    if method == "torch-fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return Method(ddp, opt, lambda steps: ring * dense / 2 * steps)
     from ._digits_bmuf import exact_below_of
 
     spec, opts = _options(method, "hook")
@@ -387,27 +414,39 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
 # -- training -------------------------------------------------------------------
 
 
+def clock(dev: Any) -> float:
+    """perf_counter once the device's queued work is done (CUDA runs ahead of the host)."""
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter()
+
+
 def train_one(method: str, seed: int, settings: Settings, corpus: Corpus) -> Result:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     rank, ranks = dist.get_rank(), dist.get_world_size()
-    net = model(corpus.vocab, settings, seed)
+    dev = torch.device(settings.device)
+    net = model(corpus.vocab, settings, seed).to(dev)
     m = setup(method, net, settings)
     inner = getattr(m.optimizer, "local_optimizer", m.optimizer)
     sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: lr_at(s, settings))
+    val_x, val_y = corpus.val_x.to(dev), corpus.val_y.to(dev)
 
     def val_loss() -> float:
         with torch.no_grad(), m.shared_model():
-            logits = net(corpus.val_x)
-            return float(F.cross_entropy(logits.reshape(-1, corpus.vocab), corpus.val_y.reshape(-1)))
+            logits = net(val_x)
+            return float(F.cross_entropy(logits.reshape(-1, corpus.vocab), val_y.reshape(-1)))
 
     curve: List[Tuple[int, float]] = []
+    curve_seconds: List[float] = []
     paused, loss_sum, loss_n = 0.0, 0.0, 0
-    t0 = time.perf_counter()
+    t0 = clock(dev)
     for step in range(settings.steps):
-        x, y = corpus.batch(seed, step, rank)
+        x, y = (z.to(dev) for z in corpus.batch(seed, step, rank))
         m.optimizer.zero_grad()
         loss = F.cross_entropy(m.forward(x).reshape(-1, corpus.vocab), y.reshape(-1))
         loss.backward()
@@ -418,13 +457,18 @@ def train_one(method: str, seed: int, settings: Settings, corpus: Corpus) -> Res
             loss_sum += loss.item()
             loss_n += 1
         if settings.eval_every and (step + 1) % settings.eval_every == 0 and step + 1 < settings.steps:
-            te = time.perf_counter()
+            te = clock(dev)
+            curve_seconds.append(te - t0 - paused)
             curve.append((step + 1, val_loss()))
+            # Every rank evaluates; they start the next step together, so that no rank's
+            # evaluation shows up as another's wait in the exchange (the clock is paused).
+            dist.barrier()
             paused += time.perf_counter() - te
     m.finish()
-    seconds = time.perf_counter() - t0 - paused
+    seconds = clock(dev) - t0 - paused
     final = val_loss()
     curve.append((settings.steps, final))
+    curve_seconds.append(seconds)
     with torch.no_grad(), m.shared_model():
         flat = torch.cat([q.detach().reshape(-1) for q in net.parameters()])
     everyone = [torch.empty_like(flat) for _ in range(ranks)]
@@ -436,7 +480,7 @@ def train_one(method: str, seed: int, settings: Settings, corpus: Corpus) -> Res
     dense = 4.0 * flat.numel()
     return Result(method, seed, ranks, settings.steps, final, loss_sum / max(loss_n, 1),
                   float(m.wire_bytes(settings.steps)), 2.0 * (ranks - 1) / ranks * dense * settings.steps,
-                  seconds, curve, extra)
+                  seconds, curve, extra, curve_seconds)
 
 
 def _train_all(methods: Sequence[str], seeds: Sequence[int], settings: Settings) -> List[Dict[str, Any]]:
@@ -476,6 +520,25 @@ def run(methods: Sequence[str], seeds: Sequence[int] = (0,), ranks: int = 4, set
     return _run_ranks(_worker, "lm", ranks, methods, seeds, settings or Settings(), timeout)
 
 
+def run_launched(methods: Sequence[str], seeds: Sequence[int], settings: Settings,
+                 exchange_steps: int = 0) -> Optional[Dict[str, Any]]:
+    """Like :func:`run`, as one rank of a job that a launcher started (gradzip-run,
+    torchrun: rendezvous from the environment), e.g. on gradzip-run's emulated links.
+    exchange_steps > 0 first measures fp32 DDP's exchange fraction there
+    (_tta.exchange_fraction). Returns {"results", "exchange"} on rank 0, None on the others."""
+    from . import _tta
+    from .digits import Settings as DigitsSettings, _in_group
+
+    rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+    def body() -> Dict[str, Any]:
+        exchange = _tta.exchange_fraction(Corpus(settings), settings, exchange_steps) if exchange_steps else None
+        return {"results": _train_all(methods, seeds, settings) if methods else [], "exchange": exchange}
+
+    out = _in_group(rank, ranks, DigitsSettings(threads_per_rank=settings.threads_per_rank), body)
+    return out if rank == 0 else None
+
+
 def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per method: mean final validation loss, % vs fp32 (same seeds), wire ratio, time."""
     import statistics
@@ -501,13 +564,19 @@ def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
-def markdown(rows: List[Dict[str, Any]], settings: Settings, seeds: Sequence[int]) -> str:
+def describe(rows: List[Dict[str, Any]], settings: Settings, seeds: Sequence[int]) -> str:
+    """The run's settings in one sentence (above its tables)."""
     r0 = rows[0]
+    where = "CPU ranks" if settings.device == "cpu" else f"ranks on {settings.device}"
+    return (f"Char-level GPT ({r0['extra'].get('parameters', 0):,} parameters: {settings.layers} layers, width "
+            f"{settings.width}, context {settings.context}) on {r0['extra'].get('text')}, {r0['ranks']} {where} "
+            f"(gloo), {settings.steps} steps, batch {settings.batch_per_rank}x{settings.context}/rank, AdamW lr "
+            f"{settings.lr:g} wd {settings.weight_decay:g}; seeds {', '.join(map(str, seeds))}.")
+
+
+def markdown(rows: List[Dict[str, Any]], settings: Settings, seeds: Sequence[int]) -> str:
     lines = [
-        f"Char-level GPT ({r0['extra'].get('parameters', 0):,} parameters: {settings.layers} layers, width "
-        f"{settings.width}, context {settings.context}) on {r0['extra'].get('text')}, {r0['ranks']} CPU ranks "
-        f"(gloo), {settings.steps} steps, batch {settings.batch_per_rank}x{settings.context}/rank, AdamW lr "
-        f"{settings.lr:g} wd {settings.weight_decay:g}; seeds {', '.join(map(str, seeds))}.",
+        describe(rows, settings, seeds),
         "",
         "| method | val loss | vs fp32 | wire ratio vs fp32 DDP | wire MB/rank | s | ranks identical |",
         "|---|---|---|---|---|---|---|",
@@ -527,18 +596,25 @@ def plot(results: List[Dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in results:
-        steps, losses = zip(*r["curve"])
-        ratio = r["fp32_wire_bytes"] / r["wire_bytes"]
-        ax.plot(steps, losses, label=f"{r['method']} ({ratio:.0f}x)" + (f" s{r['seed']}" if r["seed"] else ""))
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss (nats/char)")
+    draw_curves(ax, results, seconds=False)
     ax.set_title(f"char-level GPT, {results[0]['ranks']} ranks, AdamW")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def draw_curves(ax: Any, results: List[Dict[str, Any]], seconds: bool) -> None:
+    """Validation loss of each (method, seed) on a matplotlib axis, against the step or
+    (seconds=True) the training seconds of Result.curve_seconds."""
+    for r in results:
+        steps, losses = zip(*r["curve"])
+        ratio = r["fp32_wire_bytes"] / r["wire_bytes"]
+        ax.plot(r["curve_seconds"] if seconds else steps, losses,
+                label=f"{r['method']} ({ratio:.0f}x)" + (f" s{r['seed']}" if r["seed"] else ""))
+    ax.set_xlabel("training seconds (rank 0, evaluations left out)" if seconds else "step")
+    ax.set_ylabel("validation loss (nats/char)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
 
 
 def split_methods(text_: str) -> List[str]:
@@ -550,32 +626,73 @@ def split_methods(text_: str) -> List[str]:
     out: List[str] = []
     for part in text_.split(","):
         name = part.split("@")[0].split("/")[0].split(":")[0].split("=")[0]
-        if out and name not in names:
+        if out and name not in names and not name.startswith("torch-"):  # torch's hooks: torch-bf16, torch-fp16
             out[-1] += "," + part
         else:
             out.append(part)
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--seeds", default="0")
-    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+    ap.add_argument("--methods", help=f"default: {','.join(DEFAULT_METHODS)}; with --link: fp32, torch-fp16, "
+                                      "backend, onebit, onebit@cm")
     ap.add_argument("--steps", type=int, default=Settings.steps)
     ap.add_argument("--batch", type=int, default=Settings.batch_per_rank, help="sequences per rank per step")
     ap.add_argument("--width", type=int, default=Settings.width, help="model width (64: 0.21M parameters, 96: 0.46M)")
     ap.add_argument("--layers", type=int, default=Settings.layers)
+    ap.add_argument("--heads", type=int, default=Settings.heads)
+    ap.add_argument("--context", type=int, default=Settings.context, help="characters per sequence")
+    ap.add_argument("--device", default=Settings.device, help="cpu, or cuda (every rank on its current GPU)")
     ap.add_argument("--eval-every", type=int, default=Settings.eval_every)
     ap.add_argument("--json", help="write the per-run results (with curves) and the summary here")
     ap.add_argument("--markdown", help="write the table here")
     ap.add_argument("--plot", help="write the validation-loss curves here (PNG; needs matplotlib)")
-    ap.add_argument("--timeout", type=float, default=3600.0)
-    args = ap.parse_args(argv)
-    settings = Settings(steps=args.steps, batch_per_rank=args.batch, eval_every=args.eval_every, width=args.width,
-                        layers=args.layers)
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds (with --link: per link)")
+    tta = ap.add_argument_group("time to accuracy over emulated links (_tta.py)")
+    tta.add_argument("--link", action="append",
+                     help="train under gradzip-run -n RANKS --link RATE[,DELAY] (root), one job per --link "
+                          "(repeatable); 'local': gradzip-run without emulated links")
+    tta.add_argument("--exchange-steps", type=int, default=20,
+                     help="with --link: steps of fp32 DDP timed with and without its exchange (0: none)")
+    tta.add_argument("--exchange-only", action="store_true", help="with --link: only measure the exchange fraction")
+    tta.add_argument("--launched", action="store_true",
+                     help="be one rank of a job a launcher started (gradzip-run, torchrun); rank 0 writes --json")
+    return ap
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    return Settings(steps=args.steps, batch_per_rank=args.batch, eval_every=args.eval_every, width=args.width,
+                    layers=args.layers, heads=args.heads, context=args.context, device=args.device)
+
+
+def settings_args(settings: Settings) -> List[str]:
+    """The command-line flags that give `settings` back through settings_of (a launched rank's)."""
+    return ["--steps", str(settings.steps), "--batch", str(settings.batch_per_rank), "--eval-every",
+            str(settings.eval_every), "--width", str(settings.width), "--layers", str(settings.layers),
+            "--heads", str(settings.heads), "--context", str(settings.context), "--device", settings.device]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    settings = settings_of(args)
     seeds = [int(s) for s in args.seeds.split(",")]
-    results = run(split_methods(args.methods), seeds, args.ranks, settings, args.timeout)
+    if args.launched:
+        if not args.json:
+            raise SystemExit("lm: --launched writes its results to --json; give one")
+        methods = [] if args.exchange_only else split_methods(args.methods or ",".join(DEFAULT_METHODS))
+        out = run_launched(methods, seeds, settings, args.exchange_steps)
+        if out is not None:
+            with open(args.json, "w") as f:
+                json.dump({"settings": asdict(settings), **out}, f)
+        return 0
+    if args.link:
+        from . import _tta
+
+        return _tta.main(args, settings, seeds)
+    results = run(split_methods(args.methods or ",".join(DEFAULT_METHODS)), seeds, args.ranks, settings, args.timeout)
     rows = summarize(results)
     table = markdown(rows, settings, seeds)
     print(table)
