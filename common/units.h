@@ -1,6 +1,8 @@
 // Counts and link rates as users write them, parsed once for gradzip-bench,
-// gradzip-run --link and Python (gradzip._core.parse_count / parse_link,
-// which the sweep uses): one parser, so the tools cannot drift apart.
+// gradzip-run --link, the cost model (GRADZIP_LINK, gradzip-model, the
+// bench's --link: comm/cost parse_link_model) and Python
+// (gradzip._core.parse_count / parse_link, which the sweep uses): one
+// parser, so the tools cannot drift apart.
 // Errors are std::invalid_argument whose message names the value and says
 // what is expected.
 #pragma once

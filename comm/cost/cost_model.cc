@@ -2,40 +2,16 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
-#include <charconv>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "common/error.h"
+#include "common/units.h"
 
 namespace gz {
 
 namespace {
-
-// A number with a unit from `units` (suffix, factor), e.g. "2.5gbit".
-double number_with_unit(std::string_view text, std::span<const std::pair<std::string_view, double>> units,
-                        std::string_view what, std::string_view whole) {
-  std::size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  const std::string digits(text.substr(0, i));
-  std::string unit(text.substr(i));
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double v = 0;
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || !std::isfinite(v))
-    GZ_THROW(InvalidArgument, "link '", whole, "': the ", what, " '", text, "' does not start with a number");
-  for (const auto& [suffix, factor] : units)
-    if (unit == suffix) return v * factor;
-  std::string known;
-  for (const auto& u : units) known += (known.empty() ? "" : ", ") + std::string(u.first);
-  GZ_THROW(InvalidArgument, "link '", whole, "': the ", what, " '", text, "' needs a unit (", known, ")");
-}
-
-constexpr std::array<std::pair<std::string_view, double>, 5> kRateUnits = {
-    {{"bit", 1.0}, {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}, {"tbit", 1e12}}};
-constexpr std::array<std::pair<std::string_view, double>, 4> kDelayUnits = {
-    {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1.0}}};
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return b ? (a + b - 1) / b : 0; }
 
@@ -180,18 +156,18 @@ constexpr std::array<AlgorithmCost, 3> kCosts = {{
 }  // namespace
 
 LinkModel parse_link_model(std::string_view text) {
-  LinkModel l;
-  const std::size_t comma = text.find(',');
-  const std::string_view rate = text.substr(0, comma);
-  if (rate.empty()) GZ_THROW(InvalidArgument, "link '", text, "': give a rate, e.g. 1gbit or 10gbit,50us");
-  l.bits_per_s = number_with_unit(rate, kRateUnits, "rate", text);
-  if (!(l.bits_per_s > 0)) GZ_THROW(InvalidArgument, "link '", text, "': the rate must be positive");
-  if (comma != std::string_view::npos) {
-    const std::string_view delay = text.substr(comma + 1);
-    if (delay.find(',') != std::string_view::npos)
-      GZ_THROW(InvalidArgument, "link '", text, "': expected RATE[,DELAY]");
-    l.latency_s = number_with_unit(delay, kDelayUnits, "delay", text);
+  // gradzip-run --link's own parser (common/units.h): one syntax and one
+  // range for the launcher, the benchmark's --link, GRADZIP_LINK and
+  // gradzip-model, and gradzip's exception type.
+  units::Link link;
+  try {
+    link = units::parse_link(text);
+  } catch (const std::invalid_argument& e) {
+    GZ_THROW(InvalidArgument, "link '", text, "': ", e.what());
   }
+  LinkModel l;
+  l.bits_per_s = static_cast<double>(link.rate_bps);
+  l.latency_s = static_cast<double>(link.delay_ns) * 1e-9;
   return l;
 }
 

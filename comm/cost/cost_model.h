@@ -65,9 +65,10 @@ struct LinkModel {
   double per_message_s = 0;
 };
 
-/// "1gbit", "10gbit", "2.5gbit,50us", "100mbit,1ms" (gradzip-run --link's
-/// syntax, GRADZIP_LINK): rate units bit, kbit, mbit, gbit, tbit (powers of
-/// 1000), delay units ns, us, ms, s. Throws InvalidArgument with the reason.
+/// "1gbit", "10gbit", "2.5gbit,50us", "100mbit,1ms" (GRADZIP_LINK): parsed
+/// by gradzip-run --link's own parser (common/units.h parse_link: rate units
+/// bit, kbit, mbit, gbit, tbit, powers of 1000, in 100kbit..4tbit; delay
+/// units ns, us, ms, s, up to 10 s). Throws InvalidArgument with the reason.
 LinkModel parse_link_model(std::string_view text);
 
 /// Everything one prediction needs.

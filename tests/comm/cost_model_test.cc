@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "comm/engine/allreduce.h"
@@ -18,6 +19,7 @@
 #include "comm/cost/codec_rates.h"
 #include "comm/cost/cost_model.h"
 #include "comm/store/hash_store.h"
+#include "common/units.h"
 #include "env_guard.h"
 #include "thread_transport.h"
 
@@ -48,6 +50,16 @@ TEST(CostModel, ParsesLinksAsTheLauncherDoes) {
   EXPECT_DOUBLE_EQ(parse_link_model("10GBIT,1ms").latency_s, 1e-3);
   for (const char* bad : {"", "1gb", "gbit", "1gbit,50", "1gbit,1ms,2", "-1gbit", "0gbit", ",1ms"})
     EXPECT_THROW(parse_link_model(bad), InvalidArgument) << bad;
+  // The launcher's range too (it was a second parser with none): no link the launcher refuses.
+  for (const char* bad : {"5tbit", "10kbit", "1gbit,11s"}) {
+    EXPECT_THROW(parse_link_model(bad), InvalidArgument) << bad;
+    EXPECT_THROW(units::parse_link(bad), std::invalid_argument) << bad;
+  }
+  for (const char* good : {"100kbit", "4tbit", "2.5gbit,50us", "100mbit,10s"}) {
+    const units::Link launcher = units::parse_link(good);
+    EXPECT_DOUBLE_EQ(parse_link_model(good).bits_per_s, static_cast<double>(launcher.rate_bps)) << good;
+    EXPECT_DOUBLE_EQ(parse_link_model(good).latency_s, static_cast<double>(launcher.delay_ns) * 1e-9) << good;
+  }
 }
 
 TEST(CostModel, PipelineIsTheLongerOfComputeAndWire) {
