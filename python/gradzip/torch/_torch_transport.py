@@ -225,7 +225,7 @@ class ProcessGroupTransport:
                 for r in works.recvs:
                     while not r.posted:
                         if self._poster_error is not None:
-                            raise self._poster_error
+                            raise _fresh(self._poster_error)
                         left = deadline - time.monotonic()
                         if left <= 0:
                             raise TimeoutError(f"{self.name}: an exchange did not complete within the timeout")
@@ -275,6 +275,22 @@ class ProcessGroupTransport:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: the exchange's stream did not finish within {seconds:g} s")
             time.sleep(0.0002)
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A new exception of `error`'s type and message, caused by it, to raise
+    in the caller's thread. Raising the stored one itself would add the
+    caller's frame to its traceback for good, and that frame's f_back chain
+    (the engine's thread: the communicator, the codec and the error
+    feedback of the call) would live as long as the transport keeps the
+    error: through the C++ communicator that holds the transport, to exit
+    (nanobind then reports them leaked)."""
+    try:
+        fresh = type(error)(str(error))
+    except Exception:  # a type that takes other arguments
+        fresh = RuntimeError(str(error))
+    fresh.__cause__ = error
+    return fresh
 
 
 # Every transport of this process that may have a poster thread (see close).
