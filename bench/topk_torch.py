@@ -12,9 +12,15 @@ k = ceil(0.01 n)), with CUDA events, median of the timed runs:
   topk        torch.topk(a, k, sorted=False) with a = |v| precomputed:
               torch's selection alone
 
+Each size in float32 and in bfloat16 (a bf16 gradient, the residual float32,
+as gradzip's encode_bf16_cuda/topk takes it; torch's v = g.float() + r).
+
 Usage: topk_torch.py [--json FILE] [--bench-json FILE]
   --bench-json: Google Benchmark JSON of gradzip-kernels-bench
-  (--benchmark_out_format=json) to print the speedups next to torch.
+  (--benchmark_out_format=json) to print the speedups next to torch, and
+  issue 33's target: gradzip's encode with error feedback >= 2x faster than
+  torch's at 16M and 64M, float32 and bfloat16. scripts/gpu-check.sh runs it
+  after its kernel benchmarks.
 """
 import argparse
 import json
@@ -25,6 +31,11 @@ import torch
 
 SIZES = [1 << 20, 16 << 20, 64 << 20]
 DENSITY = 0.01
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# gradzip-kernels-bench's row of each dtype (bench/kernels/cuda_bench.cu)
+GZ_FAMILY = {"float32": "encode_cuda", "bfloat16": "encode_bf16_cuda"}
+TARGET = 2.0  # issue 33: ef encode at least 2x torch's at the sizes below
+TARGET_SIZES = (16 << 20, 64 << 20)
 
 
 def k_for(n):
@@ -57,23 +68,24 @@ def main():
     dev = torch.device("cuda")
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name(dev)}")
     results = []
-    for n in SIZES:
+    for (dname, dtype), n in [(d, n) for d in DTYPES.items() for n in SIZES]:
         k = k_for(n)
         gen = torch.Generator(device=dev).manual_seed(2)
-        g = torch.randn(n, device=dev, generator=gen)
+        g = torch.randn(n, device=dev, generator=gen).to(dtype)
         state = {"r": torch.randn(n, device=dev, generator=gen) * 0.01}
 
         def ef_encode():
-            v = g + state["r"]
+            v = g.float() + state["r"]
             i = torch.topk(v.abs(), k, sorted=False).indices
             x = v[i]
             v[i] = 0
             state["r"] = v
             return i, x
 
-        v = g + state["r"]
+        v = g.float() + state["r"]
         a = v.abs()
         row = {
+            "dtype": dname,
             "n": n,
             "k": k,
             "ef_encode_ms": time_ms(ef_encode),
@@ -94,20 +106,24 @@ def main():
                 unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
                 gz[name] = b["real_time"] * unit  # ms
 
-    print("# times in ms (median); speedup = torch / gradzip")
-    print(f"# {'n':>10} {'k':>8} {'torch ef':>9} {'gz ef':>8} {'x':>6}  {'torch topk':>10} {'topk(abs)':>10} "
-          f"{'gz select':>9} {'x':>6} {'x(abs)':>6}")
+    print("# times in ms (median); speedup = torch / gradzip; target: ef encode >= "
+          f"{TARGET:g}x at {', '.join(str(n) for n in TARGET_SIZES)}")
+    print(f"# {'dtype':>8} {'n':>10} {'k':>8} {'torch ef':>9} {'gz ef':>8} {'x':>6} {'target':>7}  "
+          f"{'torch topk':>10} {'topk(abs)':>10} {'gz select':>9} {'x':>6} {'x(abs)':>6}")
     for row in results:
         n, k = row["n"], row["k"]
-        ef = gz.get(f"encode_cuda/topk/{n}")
-        sel = gz.get(f"topk_cuda/{n}/{k}")
+        ef = gz.get(f"{GZ_FAMILY[row['dtype']]}/topk/{n}")
+        sel = gz.get(f"topk_cuda/{n}/{k}") if row["dtype"] == "float32" else None
         row["gradzip_ef_encode_ms"] = ef
         row["gradzip_select_ms"] = sel
+        speedup = row["ef_encode_ms"] / ef if ef else None
+        row["target"] = None if n not in TARGET_SIZES or speedup is None else (
+            "met" if speedup >= TARGET else f"missed ({speedup:.2f}x)")
         fmt = lambda x: f"{x:8.3f}" if x is not None else "       -"
         ratio = lambda a, b: f"{a / b:6.2f}" if b else "     -"
-        print(f"  {n:>10} {k:>8} {row['ef_encode_ms']:9.3f} {fmt(ef)} {ratio(row['ef_encode_ms'], ef)}  "
-              f"{row['topk_ms']:10.3f} {row['topk_abs_ms']:10.3f} {fmt(sel)} {ratio(row['topk_ms'], sel)} "
-              f"{ratio(row['topk_abs_ms'], sel)}")
+        print(f"  {row['dtype']:>8} {n:>10} {k:>8} {row['ef_encode_ms']:9.3f} {fmt(ef)} "
+              f"{ratio(row['ef_encode_ms'], ef)} {row['target'] or '':>7}  {row['topk_ms']:10.3f} "
+              f"{row['topk_abs_ms']:10.3f} {fmt(sel)} {ratio(row['topk_ms'], sel)} {ratio(row['topk_abs_ms'], sel)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(dev), "rows": results}, f,

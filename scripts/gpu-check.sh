@@ -304,7 +304,11 @@ racecheck() {
 }
 kernel_bench() {  # Debian's Google Benchmark 1.7 takes a plain number of seconds
   "$BUILD/bin/gradzip-kernels-bench" --benchmark_filter='_cuda/' --benchmark_min_time=0.1 \
-    --benchmark_out="$OUT/kernels-bench.json" --benchmark_out_format=json
+    --benchmark_out="$OUT/kernels-bench.json" --benchmark_out_format=json || return 1
+  # Top-k with error feedback against torch.topk and the same update in torch,
+  # in the same run (issue 33's target); its table goes into the report.
+  "$PYTHON" "$GZ_ROOT/bench/topk_torch.py" --bench-json "$OUT/kernels-bench.json" \
+    --json "$BUILD/topk-torch.json" >"$BUILD/topk-torch.txt" && cat "$BUILD/topk-torch.txt"
 }
 ucx_2ranks() { "$BUILD/bin/gradzip-run" -n 2 -- "$BUILD/bin/gradzip-comm-gpu-check" ucx; }
 nccl_1rank() { "$BUILD/bin/gradzip-run" -n 1 -- "$BUILD/bin/gradzip-comm-gpu-check" nccl; }
@@ -402,6 +406,14 @@ EOF
       echo
       "$PYTHON" "$GZ_ROOT/scripts/kernels_bench_table.py" --cuda "$OUT/kernels-bench.json" 2>&1
     fi
+    if [[ -f "${BUILD:-}/topk-torch.txt" ]]; then
+      echo
+      echo "## Top-k encode with error feedback vs torch.topk (bench/topk_torch.py)"
+      echo
+      echo '```'
+      cat "$BUILD/topk-torch.txt"
+      echo '```'
+    fi
     if [[ -f "$OUT/headline.json" ]]; then
       echo
       echo "## 2 ranks on the GPU, 100M floats ($LINK_TEXT)"
@@ -475,7 +487,7 @@ run_check() {
   fi
   wait $p1 $p2 $p3
   if ((!QUICK)); then
-    step kernel-bench 120 "codecs vs cudaMemcpy D2D, 1M/16M/64M" -- kernel_bench
+    step kernel-bench 150 "codecs vs cudaMemcpy D2D, 1M/16M/64M; top-k vs torch.topk" -- kernel_bench
     step ucx-2ranks 90 "2 ranks share the GPU, device buffers over UCX = host bits" -- ucx_2ranks
     step nccl-1rank 60 "NCCL transport, 1 rank = host bits" -- nccl_1rank
     if [[ $PY_BUILD == ON ]]; then
@@ -632,10 +644,11 @@ EOF
     else echo "missing: $cmd"; bad=1; fi
   done
   for f in tests/python/gpu_torch_check.py tests/python/test_codec.py tests/python/test_hook_state.py \
-           scripts/kernels_bench_table.py scripts/bench_json_table.py; do
+           scripts/kernels_bench_table.py scripts/bench_json_table.py bench/topk_torch.py; do
     [[ -f "$GZ_ROOT/$f" ]] || { echo "missing: $f"; bad=1; }
   done
   "$PYTHON" "$GZ_ROOT/tests/python/gpu_torch_check.py" --list >/dev/null || { echo "gpu_torch_check.py --list failed"; bad=1; }
+  "$PYTHON" "$GZ_ROOT/bench/topk_torch.py" --help >/dev/null || { echo "bench/topk_torch.py --help failed"; bad=1; }
   # The report from the steps' outputs, with what a CPU machine gives.
   if [[ -n "$out" ]]; then
     OUT="$out"; mkdir -p "$OUT"; LOG="$OUT/check.log"; STEPS_FILE="$OUT/.steps"; : >"$LOG"; : >"$STEPS_FILE"
