@@ -200,6 +200,12 @@ std::vector<std::string> split_spec_list(std::string_view list) {
 }
 
 std::vector<std::string> expand_spec_grid(std::string_view list) {
+  std::vector<std::string> out = expand_spec_grid_as_written(list);
+  for (auto& s : out) s = parse_spec(s).canonical();
+  return out;
+}
+
+std::vector<std::string> expand_spec_grid_as_written(std::string_view list) {
   // Each spec is a codec name plus keys, each key with one or more values.
   struct Grid {
     std::string name;
@@ -236,7 +242,10 @@ std::vector<std::string> expand_spec_grid(std::string_view list) {
           next.push_back(s + (s.find(':') == std::string::npos ? ":" : ",") + key + "=" + v);
       specs = std::move(next);
     }
-    for (auto& s : specs) out.push_back(parse_spec(s).canonical());
+    for (auto& s : specs) {
+      (void)parse_spec(s);  // an unknown codec, key or value throws here, naming it
+      out.push_back(std::move(s));
+    }
   }
   return out;
 }

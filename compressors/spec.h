@@ -47,6 +47,9 @@ std::vector<std::string> split_spec_list(std::string_view list);
 /// "topk:density=0.1,0.01,onebit:block=256,1024" ->
 ///   topk:density=0.1, topk:density=0.01, onebit:block=256, onebit:block=1024
 std::vector<std::string> expand_spec_grid(std::string_view list);
+/// The same expansion, each spec as the grid writes it ("onebit", not
+/// "onebit:block=512"), each checked by parse_spec: the sweep's labels.
+std::vector<std::string> expand_spec_grid_as_written(std::string_view list);
 
 /// Names of the codecs, for help texts ("none, fp16, ...", in wire id order).
 std::string_view codec_names();

@@ -43,6 +43,42 @@ void list_codecs() {
   std::printf("%s]\n", out.c_str());
 }
 
+// JSON string of a value the user typed (a spec, checked: no control bytes).
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// --expand-grid, --parse-count, --parse-link: gradzip's own parsers (the
+// spec grid of compressors/spec.cc, common/units.h) as JSON, for the tools
+// that run without gradzip's Python extension (the sweep from a checkout),
+// so that they never parse a second way. An error: the message, exit 2.
+[[noreturn]] void print_parsed(char kind, const std::string& text) {
+  std::string out;
+  try {
+    if (kind == 'G') {
+      for (const std::string& spec : expand_spec_grid_as_written(text))
+        out += (out.empty() ? "" : ", ") + json_string(spec);
+      out = "[" + out + "]";
+    } else if (kind == 'C') {
+      out = std::to_string(units::parse_count(text));
+    } else {
+      const units::Link l = units::parse_link(text);
+      out = "{\"rate_bps\": " + std::to_string(l.rate_bps) + ", \"delay_ns\": " + std::to_string(l.delay_ns) +
+            "}";
+    }
+  } catch (const std::exception& e) {  // gz::Error (the grid) or std::invalid_argument (units)
+    std::fprintf(stderr, "gradzip-bench: %s\n", e.what());
+    std::exit(2);
+  }
+  std::printf("%s\n", out.c_str());
+  std::exit(0);
+}
+
 std::string joined(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
@@ -71,6 +107,9 @@ void usage(FILE* f) {
                "  --timeout S        seconds before a silent peer is an error (default GRADZIP_TIMEOUT_S or 60)\n"
                "  --list-codecs      print the codec registry as JSON and exit\n"
                "  --list-algorithms  print the allreduce algorithms (--algorithm's values) as JSON and exit\n"
+               "  --expand-grid G, --parse-count N, --parse-link L\n"
+               "                     print a spec grid's specs (as written), an element count or a link as\n"
+               "                     gradzip parses them, as JSON, and exit (2 and the reason when malformed)\n"
                "Codecs: %s\n",
                joined(default_codecs()).c_str(), std::string(codec_names()).c_str());
 }
@@ -117,6 +156,9 @@ Options parse_options(int argc, char** argv) {
                                  {"segment", required_argument, nullptr, 'S'},
                                  {"predict", no_argument, nullptr, 'P'},
                                  {"link", required_argument, nullptr, 'K'},
+                                 {"expand-grid", required_argument, nullptr, 'G'},
+                                 {"parse-count", required_argument, nullptr, 'C'},
+                                 {"parse-link", required_argument, nullptr, 'N'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {nullptr, 0, nullptr, 0}};
   try {
@@ -162,6 +204,7 @@ Options parse_options(int argc, char** argv) {
           (void)parse_link_model(v);  // fail before any rank connects
           o.link = v;
           break;
+        case 'G': case 'C': case 'N': print_parsed(static_cast<char>(c), v);
         case 'h': usage(stdout); std::exit(0);
         case 'L': list_codecs(); std::exit(0);
         case 'A': {

@@ -200,9 +200,14 @@ NB_MODULE(_core, m) {
   m.def("split_spec_list", &gz::split_spec_list, nb::arg("specs"),
         "Splits a comma-separated list of specs: 'none,fp16,topk:density=0.01,ef=off' -> "
         "['none', 'fp16', 'topk:density=0.01,ef=off'].");
-  m.def("expand_spec_grid", &gz::expand_spec_grid, nb::arg("grid"),
+  m.def("expand_spec_grid",
+        [](std::string_view grid, bool canonical) {
+          return canonical ? gz::expand_spec_grid(grid) : gz::expand_spec_grid_as_written(grid);
+        },
+        nb::arg("grid"), nb::arg("canonical") = true,
         "Expands a sweep grid: 'topk:density=0.1,0.01,onebit:block=256,1024' -> "
-        "['topk:density=0.1', 'topk:density=0.01', 'onebit:block=256', 'onebit:block=1024'].");
+        "['topk:density=0.1', 'topk:density=0.01', 'onebit:block=256', 'onebit:block=1024'];\n"
+        "each spec canonical ('onebit' -> 'onebit:block=512'), or as the grid writes it (canonical=False).");
   m.def("_checksum64",
         [](nb::bytes data) { return gz::checksum64(std::string_view(static_cast<const char*>(data.data()), data.size())); },
         nb::arg("data"), "The checksum saved states end with (common/checksum.h); for tests that edit them.");

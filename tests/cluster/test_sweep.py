@@ -82,18 +82,30 @@ def test_links() -> None:
             grid.parse_link(bad)
 
 
-def test_sizes_links_and_algorithms_match_the_cpp_ones_when_the_extension_is_there(monkeypatch) -> None:
+def test_sizes_links_and_grids_parse_alike_through_the_extension_and_gradzip_bench(monkeypatch) -> None:
+    # One parser (C++): the extension's bindings, or gradzip-bench's
+    # --parse-count / --parse-link / --expand-grid without the extension;
+    # the sweep has no parser of its own to drift.
     core = registry.core()
     if core is None:
         pytest.skip("gradzip's compiled extension (with comm) is not installed")
+    if registry.find_binary("gradzip-bench") is None:
+        pytest.skip("gradzip-bench is not built")
     assert registry.algorithm_names() == tuple(core.allreduce_algorithm_names())
     assert "hierarchical" in registry.algorithm_names()
     sizes = ["1048576", "1M", "16m", "64K", "25.6e6", "100000000", "1e8", "", "1.5", "M", "-3", "1T", "0", "2.5K"]
     links = ["1gbit", "10gbit,50us", "2.5gbit", "1gbps", "fast", "1gbit,50", "10kbit", "5tbit"]
-    with_cpp = [_outcome(grid.parse_size, v) for v in sizes] + [_outcome(grid.parse_link, v) for v in links]
-    monkeypatch.setattr(grid, "core", lambda: None)  # the fallback, as without the extension
-    without = [_outcome(grid.parse_size, v) for v in sizes] + [_outcome(grid.parse_link, v) for v in links]
-    assert with_cpp == without
+    grids = ["topk:density=0.1,0.01,onebit:block=256,1024", "none,fp16,bf16,onebit", "zstd", "topk:density=",
+             "0.1,fp16", "onebit:block=256,1024,ef=on,off"]
+
+    def outcomes() -> list:  # type: ignore[type-arg]
+        return ([_outcome(grid.parse_size, v) for v in sizes] + [_outcome(grid.parse_link, v) for v in links]
+                + [_outcome(grid.expand_spec_grid, v) for v in grids] + [_outcome(grid.link_rate_bps, "2.5gbit")])
+
+    with_extension = outcomes()
+    monkeypatch.setattr(registry, "core", lambda: None)  # as without the extension: gradzip-bench parses
+    assert outcomes() == with_extension
+    assert with_extension[-1] == 2.5e9
 
 
 def _outcome(fn, value):  # type: ignore[no-untyped-def]

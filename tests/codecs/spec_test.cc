@@ -171,5 +171,14 @@ TEST(Spec, ExpandsGrids) {
   EXPECT_THROW(expand_spec_grid("onebit:block=0"), InvalidArgument);
 }
 
+TEST(Spec, ExpandsGridsAsWrittenWithTheSameChecks) {
+  // The sweep's labels: the same grid, each spec as written, each checked.
+  EXPECT_EQ(expand_spec_grid_as_written("onebit,topk:density=0.1,0.01,ef=on"),
+            (std::vector<std::string>{"onebit", "topk:density=0.1,ef=on", "topk:density=0.01,ef=on"}));
+  EXPECT_EQ(expand_spec_grid("onebit").front(), "onebit:block=512");
+  for (const char* bad : {"0.1,fp16", "onebit:block=0", "zstd", "topk:density=", "topk:densty=0.1"})
+    EXPECT_THROW(expand_spec_grid_as_written(bad), InvalidArgument) << bad;
+}
+
 }  // namespace
 }  // namespace gz

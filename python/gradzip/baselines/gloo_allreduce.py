@@ -28,22 +28,20 @@ import os
 import sys
 import time
 
-_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
 
 def parse_size(text: str) -> int:
-    """Element counts as gradzip-bench takes them: 64, 1K, 16M (powers of 1024)."""
+    """A whole element count (the sweep passes counts gradzip's parser made
+    of 16M or 25.6e6; this script parses no suffixes, so it cannot read
+    them another way)."""
     t = text.strip()
-    mult = _SUFFIX.get(t[-1:].lower(), 1)
-    digits = t[:-1] if mult > 1 else t
-    if not digits.isdigit():
-        raise argparse.ArgumentTypeError(f"size '{text}' is not a count like 64, 1K, 16M")
-    return int(digits) * mult
+    if not t.isdigit() or int(t) < 1:
+        raise argparse.ArgumentTypeError(f"size '{text}' is not a whole element count like 1048576")
+    return int(t)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="1M,4M,16M", help="comma-separated element counts (K/M/G = 1024^k)")
+    p.add_argument("--sizes", default="1048576,4194304,16777216", help="comma-separated element counts")
     p.add_argument("--iters", type=int, default=5, help="timed calls per size")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first")
     p.add_argument("--json", help="write the records here (rank 0)")

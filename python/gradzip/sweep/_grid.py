@@ -1,8 +1,9 @@
 """The sweep's grid: codec spec grids, sizes, links, and the points they make.
 
-The codec names come from the registry (_registry.py); the grid itself
-is expanded here, by the grammar of ``gz::expand_spec_grid``
-(compressors/spec.cc)::
+The codec names come from the registry (_registry.py); the grid, element
+counts and links are parsed by gradzip's own C++ parsers (compressors/spec.cc
+``expand_spec_grid``, common/units.h), through the extension or
+gradzip-bench (_registry.parse), never a second way::
 
     topk:density=0.1,0.01,onebit:block=256,1024
       -> topk:density=0.1  topk:density=0.01  onebit:block=256  onebit:block=1024
@@ -15,11 +16,10 @@ the current key. Several keys multiply (a product, in the order given).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ._registry import algorithm_names, codec_names, core
+from ._registry import algorithm_names, parse
 
 #: A point's mode: a bare allreduce (gradzip-bench), torch's gloo allreduce
 #: (the outside baseline), or a training run (--train digits).
@@ -32,117 +32,57 @@ class GridError(ValueError):
     """A sweep setting that cannot be understood; the message says why."""
 
 
-def _items(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
 def expand_spec_grid(text: str | Sequence[str]) -> list[str]:
-    """Expands spec grids into single specs, in order, without duplicates."""
+    """Expands spec grids into single specs as the grid writes them, in
+    order, without duplicates."""
     if not isinstance(text, str):
         out: list[str] = []
         for t in text:
             out += [s for s in expand_spec_grid(t) if s not in out]
         return out
-    names = codec_names()
-    grids: list[tuple[str, list[tuple[str, list[str]]]]] = []
-    for item in _items(text):
-        colon, eq = item.find(":"), item.find("=")
-        if colon >= 0 or (eq < 0 and item in names):
-            name = item[:colon].strip() if colon >= 0 else item
-            if name not in names:
-                raise GridError(f"spec grid '{text}': unknown codec '{name}'; valid: {', '.join(names)}")
-            grids.append((name, []))
-            if colon < 0:
-                continue
-            item = item[colon + 1:].strip()
-            if not item:
-                continue
-        if not grids:
-            raise GridError(f"spec grid '{text}' must start with a codec name")
-        eq = item.find("=")
-        keys = grids[-1][1]
-        if eq >= 0:
-            key, value = item[:eq].strip(), item[eq + 1:].strip()
-            if not key or not value:
-                raise GridError(f"spec grid '{text}': '{item}' is not key=value")
-            keys.append((key, [value]))
-        elif not keys:
-            raise GridError(f"spec grid '{text}': value '{item}' follows no key")
-        else:
-            keys[-1][1].append(item)
+    try:
+        specs = parse("grid", text)
+    except ValueError as e:
+        raise GridError(str(e)) from None
     out = []
-    for name, keys in grids:
-        specs = [name]
-        for key, values in keys:
-            specs = [s + ("," if ":" in s else ":") + f"{key}={v}" for s in specs for v in values]
-        out += [s for s in specs if s not in out]
+    for s in specs:
+        if s not in out:
+            out.append(s)
     return out
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE]\d+)?)\s*([kKmMgG]?)\s*$")
 
 
 def parse_size(value: int | str) -> int:
     """An element count: 1048576, "1M" (K/M/G are powers of 1024, as in
-    gradzip-bench), "25.6e6" or 1e8 (decimal counts for round model sizes).
-    Parsed by C++ (common/units.h, gradzip-bench's own parser) when the
-    extension is installed; the fallback below follows the same grammar
-    (tests/cluster/test_sweep.py checks that they agree)."""
+    gradzip-bench), "25.6e6" or 1e8 (decimal counts for round model sizes);
+    strings by gradzip-bench's own parser (common/units.h)."""
     if isinstance(value, bool):
         raise GridError(f"size {value!r} is not a count")
     if isinstance(value, float):
         if not value.is_integer():
             raise GridError(f"size {value} is not a whole number of elements")
         value = int(value)
-    c = core()
-    if c is not None and isinstance(value, str):
-        try:
-            n = int(c.parse_count(value))
-        except ValueError as e:
-            raise GridError(str(e)) from None
-    elif isinstance(value, int):
+    if isinstance(value, int):
         n = value
     else:
-        m = _SIZE.match(value)
-        if not m:
-            raise GridError(f"size '{value}' is not a count like 1048576, 16M or 25.6e6")
-        number, suffix = m.groups()
-        x = float(number) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[suffix.lower()]
-        if not x.is_integer():
-            raise GridError(f"size '{value}' is not a whole number of elements")
-        n = int(x)
+        try:
+            n = int(parse("count", value))
+        except ValueError as e:
+            raise GridError(str(e)) from None
     if n < 1 or n > 1 << 34:
         raise GridError(f"size {value!r} is outside 1..2^34 elements")
     return n
 
 
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
-_DELAY = re.compile(r"^(\d+(?:\.\d+)?)(ns|us|ms|s)$")
-_RATE_MULT = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-
-
 def parse_link(text: str) -> str:
-    """Checks a link as gradzip-run --link takes it ("1gbit", "10gbit,50us")
-    or "local"; returns it lower-cased without spaces. Checked by the
-    launcher's own parser (common/units.h) when the extension is installed."""
+    """Checks a link as gradzip-run --link takes it ("1gbit", "10gbit,50us";
+    the launcher's own parser) or "local"; returns it lower-cased without spaces."""
     t = text.strip().lower().replace(" ", "")
     if t == LOCAL:
         return t
-    c = core()
-    if c is not None:
-        try:
-            c.parse_link(t)
-        except ValueError as e:
-            raise GridError(f"link '{text}': {e} (or 'local')") from None
-        return t
-    rate, _, delay = t.partition(",")
-    m = _RATE.match(rate)
-    if not m:
-        raise GridError(f"link '{text}': the rate needs a unit, e.g. 100mbit, 1gbit, 10gbit (or 'local')")
-    if not 1e5 <= float(m.group(1)) * _RATE_MULT[m.group(2)] <= 4e12:
-        raise GridError(f"link '{text}': the rate is outside 100kbit..4tbit")
-    if delay and not _DELAY.match(delay):
-        raise GridError(f"link '{text}': the delay needs a unit, e.g. 50us or 1ms")
+    try:
+        parse("link", t)
+    except ValueError as e:
+        raise GridError(f"link '{text}': {e} (or 'local')") from None
     return t
 
 
@@ -150,12 +90,7 @@ def link_rate_bps(link: str) -> float | None:
     """Bits per second of a link, None for "local"."""
     if link == LOCAL:
         return None
-    c = core()
-    if c is not None:
-        return float(c.parse_link(link)["rate_bps"])
-    m = _RATE.match(link.partition(",")[0])
-    assert m, link
-    return float(m.group(1)) * _RATE_MULT[m.group(2)]
+    return float(parse("link", link)["rate_bps"])
 
 
 def fp32_link_bound_s(ranks: int, elements: int, link: str) -> float | None:

@@ -119,6 +119,33 @@ def core() -> Any:
     return _core if hasattr(_core, "allreduce_algorithm_names") else None
 
 
+_PARSE_FLAGS = {"grid": "--expand-grid", "count": "--parse-count", "link": "--parse-link"}
+
+
+def parse(kind: str, text: str) -> Any:
+    """gradzip's own parser of `kind` on `text`, the one every tool uses:
+    "grid" (compressors/spec.cc: the specs as the grid writes them), "count"
+    (an element count) or "link" ({"rate_bps", "delay_ns"}; common/units.h).
+    The extension's binding, else gradzip-bench's --expand-grid /
+    --parse-count / --parse-link. ValueError with the parser's message."""
+    c = core()
+    if c is not None:
+        fn = {"grid": lambda t: list(c.expand_spec_grid(t, canonical=False)), "count": c.parse_count,
+              "link": c.parse_link}[kind]
+        try:
+            return fn(text)
+        except ValueError as e:  # InvalidArgument, or std::invalid_argument as ValueError
+            raise ValueError(str(e)) from None
+    bench = find_binary("gradzip-bench")
+    if bench is None:
+        raise RuntimeError("parsing a sweep setting needs gradzip's extension or gradzip-bench (pip install "
+                           "gradzip, build the project, or set GRADZIP_BIN_DIR)")
+    r = subprocess.run([bench, _PARSE_FLAGS[kind], text], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise ValueError(r.stderr.strip().removeprefix("gradzip-bench: ") or f"gradzip-bench exited {r.returncode}")
+    return json.loads(r.stdout)
+
+
 @functools.lru_cache(maxsize=None)
 def algorithm_names() -> tuple[str, ...]:
     """What --algorithms takes: 'auto' and the registry's allreduce algorithms
