@@ -38,6 +38,12 @@ Methods (compared with fp32):
                              sw=N,sws=X,stages=K (DGC's sparsity warm-up: top-k's density from
                              X, default 0.25, down to the codec's over the first N compressed
                              steps in K stages, default 4), clip=X (DGC's local gradient clipping)
+    backend                  DDP without a hook over the gradzip process-group backend with its
+                             default policy (gradzip.torch.backend.Policy()): a group made by
+                             dist.new_group(backend="gradzip"); the wire bytes are the group's
+                             compression_stats(), plus fp32 ring bytes for every gradient element
+                             it kept exact (below the policy's min_elements)
+    <spec>@backend[:min=N]   the same with Policy(<spec>, min_elements=N)
     <spec>@bmuf:h=H[,...]    no DDP: block momentum (gradzip.torch.BlockMomentum) around
                              AdamW, options as in the digits experiment (mu, lr, sync,
                              nesterov, ...) and: eval=ahead (evaluate the look-ahead
@@ -342,6 +348,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         m = Method(ddp, opt, lambda steps: opt.compression_stats()["wire_bytes"])
         m.finish = lambda: m.extra.update(extra_of())
         return m
+    if method == "backend" or "@backend" in method:
+        return _backend(method, net, settings, dense, ring)
     ddp = DDP(net)
     opt = _adamw(ddp.parameters(), settings)
     if method == "fp32":
@@ -381,6 +389,33 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         m.finish = lambda: m.extra.update({"uncompressed_steps": state.compression_stats()["uncompressed_steps"],
                                            "warmup_ended_at": state.compression_stats()["warmup_ended_at"],
                                            "warmup_trace": [list(t) for t in state._warm.trace]})
+    return m
+
+
+def _backend(method: str, net: Any, settings: Settings, dense: float, ring: float) -> Method:
+    """DDP without a hook on a gradzip backend group (the method list's ``backend``)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gradzip.torch.backend import Policy, compression_stats
+
+    spec, opts = ("", {}) if method == "backend" else _options(method, "backend")
+    if set(opts) - {"min"}:
+        raise ValueError(f"method {method!r}: the backend's only option is min=N (the policy's min_elements)")
+    kw: Dict[str, Any] = {"min_elements": int(opts["min"])} if "min" in opts else {}
+    policy = Policy(spec, **kw) if spec else Policy(**kw)
+    group = dist.new_group(backend="gradzip", pg_options=policy)
+    ddp = DDP(net, process_group=group)
+
+    def wire_bytes(steps: int) -> float:
+        # The engine's bytes for what it compressed, and a ring allreduce of fp32 for
+        # every gradient byte it kept exact (compression_stats counts only exact calls).
+        s = compression_stats(group)
+        return s["wire_bytes"] + ring * max(dense * steps - s["compressed_bytes"], 0.0)
+
+    m = Method(ddp, _adamw(ddp.parameters(), settings), wire_bytes, extra={"policy": repr(policy)})
+    m.finish = lambda: m.extra.update({k: v for k, v in compression_stats(group).items()
+                                       if k in ("compressed_calls", "exact_calls", "compressed_bytes")})
     return m
 
 
@@ -546,7 +581,7 @@ def split_methods(text_: str) -> List[str]:
     element that does not start with a method's or codec's name continues the previous one."""
     import gradzip
 
-    names = {"fp32", "torch-bf16", *gradzip.codec_names()}
+    names = {"fp32", "torch-bf16", "backend", *gradzip.codec_names()}
     out: List[str] = []
     for part in text_.split(","):
         name = part.split("@")[0].split("/")[0].split(":")[0].split("=")[0]
