@@ -14,6 +14,7 @@ import torch.distributed as dist
 from .. import _core
 from ..codec import Codec
 from . import _agreement, _filters, _layout, _momentum, _precondition, _transports, _worker
+from ._quality import is_adaptive
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -681,18 +682,6 @@ _FILTERED_CODECS = ("topk",)
 _ADAPTIVE_EXACT_BELOW = 1024
 # onebit's block size under the momentum correction (a non-adaptive optimizer), unless the spec gives one.
 _SGD_ONEBIT_BLOCK = 128
-_ADAPTIVE_OPTIMIZERS = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adagrad", "Adadelta", "RMSprop", "SparseAdam",
-                        "Adafactor")
-
-
-def is_adaptive(optimizer: Any) -> bool:
-    """Whether `optimizer` divides by a running second moment: torch's Adam
-    family, Adagrad, Adadelta, RMSprop, Adafactor, or any optimizer with
-    ``betas`` in its defaults."""
-    names = {c.__name__ for c in type(optimizer).__mro__ if c.__module__.startswith("torch.optim")}
-    return bool(names & set(_ADAPTIVE_OPTIMIZERS)) or "betas" in getattr(optimizer, "defaults", {})
-
-
 class _Seen(_precondition.Watch):
     """adaptive="auto" and the preconditioning: torch's global optimizer step
     pre-hook, while the state decides (from the first hook call after step
