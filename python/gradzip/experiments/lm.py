@@ -70,6 +70,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import _backend_method
+
 DEFAULT_METHODS = ["fp32", "torch-bf16", "onebit", "topk:density=0.01", "onebit@cm"]
 
 LICENSES = "/usr/share/common-licenses"
@@ -348,8 +350,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         m = Method(ddp, opt, lambda steps: opt.compression_stats()["wire_bytes"])
         m.finish = lambda: m.extra.update(extra_of())
         return m
-    if method == "backend" or "@backend" in method:
-        return _backend(method, net, settings, dense, ring)
+    if _backend_method.belongs(method):
+        return _backend(method, net, settings)
     ddp = DDP(net)
     opt = _adamw(ddp.parameters(), settings)
     if method == "fp32":
@@ -392,30 +394,11 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
     return m
 
 
-def _backend(method: str, net: Any, settings: Settings, dense: float, ring: float) -> Method:
+def _backend(method: str, net: Any, settings: Settings) -> Method:
     """DDP without a hook on a gradzip backend group (the method list's ``backend``)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from gradzip.torch.backend import Policy, compression_stats
-
-    spec, opts = ("", {}) if method == "backend" else _options(method, "backend")
-    if set(opts) - {"min"}:
-        raise ValueError(f"method {method!r}: the backend's only option is min=N (the policy's min_elements)")
-    kw: Dict[str, Any] = {"min_elements": int(opts["min"])} if "min" in opts else {}
-    policy = Policy(spec, **kw) if spec else Policy(**kw)
-    group = dist.new_group(backend="gradzip", pg_options=policy)
-    ddp = DDP(net, process_group=group)
-
-    def wire_bytes(steps: int) -> float:
-        # The engine's bytes for what it compressed, and a ring allreduce of fp32 for
-        # every gradient byte it kept exact (compression_stats counts only exact calls).
-        s = compression_stats(group)
-        return s["wire_bytes"] + ring * max(dense * steps - s["compressed_bytes"], 0.0)
-
-    m = Method(ddp, _adamw(ddp.parameters(), settings), wire_bytes, extra={"policy": repr(policy)})
-    m.finish = lambda: m.extra.update({k: v for k, v in compression_stats(group).items()
-                                       if k in ("compressed_calls", "exact_calls", "compressed_bytes")})
+    ddp, wire, extra = _backend_method.setup(method, net)
+    m = Method(ddp, _adamw(ddp.parameters(), settings), wire)
+    m.finish = lambda: m.extra.update(extra())
     return m
 
 
