@@ -51,7 +51,10 @@ class CompressionState:
             default, ended +4.6%; on digits with momentum SGD it matched fp32
             (BENCHMARKS.md section 11, "Defaults that keep AdamW's
             quality"). ``"none"`` sends fp32 with a plain allreduce, exactly
-            like DDP without a hook.
+            like DDP without a hook. onebit and top-k under an adaptive
+            optimizer lose quality even with the defaults below (``adaptive``):
+            the state then logs a warning once per process naming
+            :class:`gradzip.torch.CompressedAdamW`, which keeps it.
         process_group: the group to reduce over; None means the default (WORLD)
             as it is at the first hook call.
         warmup_steps: steps that run a plain fp32 allreduce before compression
@@ -537,6 +540,8 @@ class CompressionState:
         """The codec and server codec for an adaptive optimizer or not (the docstring's ``adaptive``)."""
         self._adaptive = adaptive
         codec, server = self._given_codec, self._given_server
+        if adaptive:
+            _quality.warn_adaptive(codec.spec, codec.name)
         if adaptive and codec.name in _ADAPTIVE_CODECS:
             if codec.error_feedback and not self._ef_given:
                 codec = Codec(codec.spec + ("," if ":" in codec.spec else ":") + "ef=off")
