@@ -8,7 +8,7 @@ read the same answer.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 # The default codec of CompressionState() and Policy() (and so of GRADZIP_POLICY
 # without codec=): qsgd 4-bit, 7.7x fewer wire bytes than fp32 DDP. On the LM
@@ -44,21 +44,17 @@ def is_adaptive(optimizer: Any) -> bool:
     return bool(names & set(_ADAPTIVE_OPTIMIZERS)) or "betas" in getattr(optimizer, "defaults", {})
 
 
-def adaptive_loss(codec_name: str) -> Optional[str]:
-    """What was measured for codec family `codec_name` under AdamW, if it loses quality there."""
-    return LOSSY_UNDER_ADAPTIVE.get(codec_name)
-
-
 def warn_adaptive(codec_spec: str, codec_name: str) -> bool:
     """Logs, once per process, that `codec_spec` loses quality under an adaptive
     optimizer and names the method that keeps it. Whether it logged now."""
     global _warned
-    measured = adaptive_loss(codec_name)
+    measured = LOSSY_UNDER_ADAPTIVE.get(codec_name)
     if measured is None or _warned:
         return False
     _warned = True
     logger.warning("gradzip: the DDP hook's codec %r loses quality under an adaptive optimizer (Adam, AdamW, ...): "
                    "on the LM experiment with AdamW the hook's %s, where %s (BENCHMARKS.md section 11). "
                    "gradzip.torch.CompressedAdamW keeps AdamW's quality at a high ratio; the hook's default "
-                   "codec (%s, 7.7x) ended -3.2%% at 4 ranks and -0.5%% at 8 (means over seeds).", codec_spec, measured, _KEEPS, DEFAULT_CODEC)
+                   "codec (%s, 7.7x) ended -3.2%% at 4 ranks and -0.5%% at 8 (means over seeds).",
+                   codec_spec, measured, _KEEPS, DEFAULT_CODEC)
     return True

@@ -693,6 +693,8 @@ _FILTERED_CODECS = ("topk",)
 _ADAPTIVE_EXACT_BELOW = 1024
 # onebit's block size under the momentum correction (a non-adaptive optimizer), unless the spec gives one.
 _SGD_ONEBIT_BLOCK = 128
+
+
 class _Seen(_precondition.Watch):
     """adaptive="auto" and the preconditioning: torch's global optimizer step
     pre-hook, while the state decides (from the first hook call after step
