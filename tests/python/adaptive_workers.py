@@ -158,3 +158,40 @@ def preconditioned_average(rank: int, world: int, codec: str, steps: int = 4) ->
         v = 0.99 * v + 0.01 * out ** 2
         opt.step()
     return {"got": got, "want": want, "stats": state.compression_stats(), "repr": repr(state)}
+
+
+def warnings_seen(rank: int, world: int) -> Dict[str, List[str]]:
+    """The hook's quality warnings (gradzip.torch.hook's WARNING records) that
+    3 steps of each case log on this rank: (codec, optimizer); None: the
+    default codec. "again" repeats the first case in the same process without
+    resetting the once-per-process flag."""
+    import logging
+
+    from gradzip.torch import _quality
+
+    cases = {"onebit/adamw": ("onebit", "adamw"), "onebit/adamw again": ("onebit", "adamw"),
+             "onebit/sgd": ("onebit", "sgd"), "topk/rmsprop": ("topk:density=0.05", "rmsprop"),
+             "default/adamw": (None, "adamw")}
+    seen: List[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                seen.append(record.getMessage())
+
+    handler = Keep()
+    logging.getLogger("gradzip.torch.hook").addHandler(handler)
+    out: Dict[str, List[str]] = {}
+    for name, (codec, kind) in cases.items():
+        if not name.endswith("again"):
+            _quality._warned = False
+        del seen[:]
+        model = make_model()
+        ddp = DDP(model)
+        state = CompressionState() if codec is None else CompressionState(codec=codec)
+        opt = _optimizer(kind, ddp.parameters())
+        ddp.register_comm_hook(state, compression_hook)
+        run_steps(ddp, model, opt, state, rank, world, 0, 3, None, lambda step: None)
+        out[name] = list(seen)
+    logging.getLogger("gradzip.torch.hook").removeHandler(handler)
+    return out

@@ -483,9 +483,10 @@ def suite(rank: int, world: int, transport: str) -> Dict[str, Any]:
             rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9, nesterov=nesterov, bucket_elements=20, **t)
     out["ref/defaults"] = against_reference(rank, world, [4, 4], **t)
     model = make_model(0)
-    adaptive = BlockMomentum(model, torch.optim.AdamW(model.parameters()), **t)
-    out["auto/adamw"] = adaptive.block_momentum
-    adaptive.close()
+    for name, make in (("adamw", torch.optim.AdamW), ("rmsprop", torch.optim.RMSprop)):
+        adaptive = BlockMomentum(model, make(model.parameters()), **t)
+        out[f"auto/{name}"] = adaptive.block_momentum
+        adaptive.close()
     out["ref/overlap"] = against_reference(rank, world, [3, 3, 3, 2], block_momentum=0.6, block_lr=0.9,
                                            overlap=True, bucket_elements=20, **t)
     # sync_steps=3: the first three steps each end a block, then blocks of 4.

@@ -67,6 +67,7 @@ def test_defaults_are_the_papers(suite):
     # adaptive local optimizer (AdamW on the LM experiment).
     assert suite[0]["ref/defaults"]["block_momentum"] == 0.5
     assert suite[0]["auto/adamw"] == 0.0
+    assert suite[0]["auto/rmsprop"] == 0.0  # adaptive without betas: the hook's test (_quality.is_adaptive)
     if world == 1:
         assert stats["wire_bytes_per_step"] == 0
 

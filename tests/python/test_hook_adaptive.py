@@ -4,6 +4,7 @@ and top-k run without error feedback (onebit's chunk sums as qsgd 4-bit);
 SGD keeps the old defaults; the ranks agree on the decision, hold the same
 parameters after every step, and a checkpoint resumes bit-identically."""
 
+import logging
 import pickle
 
 import pytest
@@ -81,6 +82,40 @@ def test_sgd_and_an_explicit_error_feedback_keep_the_codec(runs):
             assert set(r["specs"][1:]) == {gradzip.Codec("onebit:block=128").spec}, (kind, r["specs"])
             assert r["server"] == (None if kind == "sgd" else QSGD4)  # the server codec is the adaptive default
     assert "adaptive=False" in runs["sgd"][0]["repr"]
+
+
+def test_a_lossy_codec_under_an_adaptive_optimizer_warns_once_on_every_rank():
+    seen = run_ranks(adaptive_workers.warnings_seen, 2, timeout=240)
+    for rank in seen:
+        for case in ("onebit/adamw", "topk/rmsprop"):
+            assert len(rank[case]) == 1, (case, rank)
+            assert "gradzip.torch.CompressedAdamW" in rank[case][0] and "%" in rank[case][0], rank[case]
+        assert "'onebit" in rank["onebit/adamw"][0] and "'topk" in rank["topk/rmsprop"][0]
+        assert rank["onebit/adamw again"] == []  # once per process
+        assert rank["onebit/sgd"] == []  # error feedback keeps SGD's quality
+        assert rank["default/adamw"] == []  # qsgd 4-bit keeps AdamW's
+
+
+def test_adaptive_given_warns_at_construction(caplog, monkeypatch):
+    from gradzip.torch import _quality
+
+    monkeypatch.setattr(_quality, "_warned", False)
+    with caplog.at_level(logging.WARNING, logger="gradzip.torch.hook"):
+        CompressionState(codec="qsgd:bits=4", adaptive=True)
+        CompressionState(codec="onebit", adaptive=False)
+        assert caplog.records == []
+        CompressionState(codec="onebit", adaptive=True)
+        CompressionState(codec="topk:density=0.01", adaptive=True)
+    assert len(caplog.records) == 1 and "CompressedAdamW" in caplog.records[0].getMessage()
+
+
+def test_the_warned_codecs_are_ones_whose_optimizer_the_hook_watches():
+    # The hook sees the optimizer only for the codecs whose defaults depend on it
+    # (adaptive="auto"); a lossy family outside them would never be warned about.
+    from gradzip.torch import _quality, hook
+
+    assert set(_quality.LOSSY_UNDER_ADAPTIVE) <= set(hook._ADAPTIVE_CODECS)
+    assert _quality.DEFAULT_CODEC.split(":")[0] not in _quality.LOSSY_UNDER_ADAPTIVE
 
 
 def test_ranks_that_decide_differently_raise_instead_of_hanging():

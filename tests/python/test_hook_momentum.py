@@ -82,19 +82,19 @@ def test_resume_is_bit_identical(codec, save_at):
 def test_arguments_are_checked_and_pickled():
     for bad in (0.0, 1.0, -0.5, True, "on", [0.9]):
         with pytest.raises(ValueError, match="momentum_correction"):
-            CompressionState(momentum_correction=bad)
-    state = pickle.loads(pickle.dumps(CompressionState(momentum_correction=0.9, adaptive=False)))
+            CompressionState("onebit", momentum_correction=bad)
+    state = pickle.loads(pickle.dumps(CompressionState("onebit", momentum_correction=0.9, adaptive=False)))
     assert state.momentum_correction == 0.9 and state._mc is not None and state._mc.beta == 0.9
     assert state.codec.spec == "onebit:block=128"  # the pickle keeps "no block given" (canonical specs name one)
     assert pickle.loads(pickle.dumps(CompressionState("onebit:block=512", momentum_correction=0.9,
                                                       adaptive=False))).codec.spec == "onebit:block=512"
-    off = pickle.loads(pickle.dumps(CompressionState(momentum_correction=None)))
+    off = pickle.loads(pickle.dumps(CompressionState("onebit", momentum_correction=None)))
     assert off.momentum_correction is None and off._mc is None
-    assert CompressionState(adaptive=True, momentum_correction=0.9)._mc is None  # adaptive: never
-    saved = CompressionState(momentum_correction=0.9, adaptive=False).state_dict()
+    assert CompressionState("onebit", adaptive=True, momentum_correction=0.9)._mc is None  # adaptive: never
+    saved = CompressionState("onebit", momentum_correction=0.9, adaptive=False).state_dict()
     assert "momentum_correction" in saved
     with pytest.raises(ValueError, match="momentum correction on"):
-        CompressionState(momentum_correction=None, adaptive=False).load_state_dict(saved)
+        CompressionState("onebit", momentum_correction=None, adaptive=False).load_state_dict(saved)
     bad = dict(saved, momentum_correction={"beta": 0.9, "keys": [0], "u": [], "s": []})
     with pytest.raises(ValueError, match="malformed"):
-        CompressionState(momentum_correction=0.9, adaptive=False).load_state_dict(bad)
+        CompressionState("onebit", momentum_correction=0.9, adaptive=False).load_state_dict(bad)

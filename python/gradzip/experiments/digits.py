@@ -19,6 +19,10 @@ is how the ranks exchange what they learned:
     <DDP method>#bf16        the model kept in bfloat16 (#fp16: float16): parameters,
                              gradients, DDP's buckets and the optimizer in that dtype,
                              batches cast to it; e.g. fp32#bf16 (plain DDP), onebit#bf16
+    backend                  DDP without a hook on a gradzip process-group backend group with the
+                             default Policy() (<spec>@backend[:min=N]: Policy(<spec>, min_elements=N));
+                             wire: the group's compression_stats() plus fp32 ring bytes for what it
+                             kept exact; payload: the dense bucket (not counted by the group)
     fp32@fsdp                no DDP: FSDP2 (fully_shard per layer), torch's reduce-scatter
     <gradzip spec>@fsdp      the same with gradzip's compressed reduce-scatter
                              (gradzip.torch.fsdp; _digits_fsdp.py); compared with fp32@fsdp
@@ -49,6 +53,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import _backend_method
 from ._digits_method import Method, Settings
 
 DEFAULT_METHODS = [
@@ -161,6 +166,18 @@ def _bmuf_setup(method: str, model: Any, seed: int, settings: Settings) -> Metho
     return setup(method, model, seed, settings)
 
 
+def _backend_setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
+    import torch
+
+    ddp, wire, extra = _backend_method.setup(method, model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=settings.lr, momentum=settings.momentum)
+    dense = float(sum(p.numel() * p.element_size() for p in model.parameters()))
+    # payload: the dense bucket (the group counts wire bytes, not the codec's payloads)
+    m = Method(ddp, opt, lambda steps: (dense, wire(steps) / steps))
+    m.finish = lambda: m.extra.update(extra())
+    return m
+
+
 def _fsdp_setup(method: str, model: Any, seed: int, settings: Settings) -> Method:
     from ._digits_fsdp import setup
 
@@ -172,6 +189,7 @@ def _fsdp_setup(method: str, model: Any, seed: int, settings: Settings) -> Metho
 FAMILIES: List[Tuple[Callable[[str], bool], Callable[..., Method]]] = [
     (lambda method: "@bmuf" in method, _bmuf_setup),  # <codec>@bmuf:h=H,...: block momentum, no DDP
     (lambda method: method.endswith("@fsdp"), _fsdp_setup),  # fp32@fsdp, <codec>@fsdp: FSDP2, no DDP
+    (_backend_method.belongs, _backend_setup),  # backend, <spec>@backend[:min=N]: DDP on a gradzip backend group
 ]
 
 
@@ -470,7 +488,7 @@ def _split_methods(text: str) -> List[str]:
     continues the previous method."""
     import gradzip
 
-    names = {"fp32", "torch-fp16", "powersgd", *gradzip.codec_names()}
+    names = {"fp32", "torch-fp16", "powersgd", "backend", *gradzip.codec_names()}
     out: List[str] = []
     for part in text.split(","):
         name = part.split("@")[0].split("#")[0].split("/")[0].split(":")[0].split("=")[0]

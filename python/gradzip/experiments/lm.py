@@ -39,6 +39,12 @@ Methods (compared with fp32):
                              sw=N,sws=X,stages=K (DGC's sparsity warm-up: top-k's density from
                              X, default 0.25, down to the codec's over the first N compressed
                              steps in K stages, default 4), clip=X (DGC's local gradient clipping)
+    backend                  DDP without a hook over the gradzip process-group backend with its
+                             default policy (gradzip.torch.backend.Policy()): a group made by
+                             dist.new_group(backend="gradzip"); the wire bytes are the group's
+                             compression_stats(), plus fp32 ring bytes for every gradient element
+                             it kept exact (below the policy's min_elements)
+    <spec>@backend[:min=N]   the same with Policy(<spec>, min_elements=N)
     <spec>@bmuf:h=H[,...]    no DDP: block momentum (gradzip.torch.BlockMomentum) around
                              AdamW, options as in the digits experiment (mu, lr, sync,
                              nesterov, ...) and: eval=ahead (evaluate the look-ahead
@@ -84,6 +90,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import _backend_method
 
 DEFAULT_METHODS = ["fp32", "torch-bf16", "onebit", "topk:density=0.01", "onebit@cm"]
 
@@ -366,6 +374,8 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         m = Method(ddp, opt, lambda steps: opt.compression_stats()["wire_bytes"])
         m.finish = lambda: m.extra.update(extra_of())
         return m
+    if _backend_method.belongs(method):
+        return _backend(method, net, settings)
     ddp = DDP(net)
     opt = _adamw(ddp.parameters(), settings)
     if method == "fp32":
@@ -408,6 +418,14 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         m.finish = lambda: m.extra.update({"uncompressed_steps": state.compression_stats()["uncompressed_steps"],
                                            "warmup_ended_at": state.compression_stats()["warmup_ended_at"],
                                            "warmup_trace": [list(t) for t in state._warm.trace]})
+    return m
+
+
+def _backend(method: str, net: Any, settings: Settings) -> Method:
+    """DDP without a hook on a gradzip backend group (the method list's ``backend``)."""
+    ddp, wire, extra = _backend_method.setup(method, net)
+    m = Method(ddp, _adamw(ddp.parameters(), settings), wire)
+    m.finish = lambda: m.extra.update(extra())
     return m
 
 
@@ -622,7 +640,7 @@ def split_methods(text_: str) -> List[str]:
     element that does not start with a method's or codec's name continues the previous one."""
     import gradzip
 
-    names = {"fp32", "torch-bf16", *gradzip.codec_names()}
+    names = {"fp32", "torch-bf16", "backend", *gradzip.codec_names()}
     out: List[str] = []
     for part in text_.split(","):
         name = part.split("@")[0].split("/")[0].split(":")[0].split("=")[0]

@@ -19,7 +19,7 @@ import torch
 
 from .. import _core
 from ..codec import Codec
-from . import _block_exchange, _filters, _transports
+from . import _block_exchange, _filters, _quality, _transports
 
 __all__ = ["BlockMomentum"]
 
@@ -92,7 +92,7 @@ class BlockMomentum:
             ...) or a :class:`gradzip.Codec`. Default ``"onebit"``.
         block_momentum: mu in [0, 1); None for the paper's 1 - 1/P; or
             ``"auto"`` (default): 0 when the local optimizer is adaptive
-            (its defaults have ``betas``: Adam, AdamW, ...), else 0.5. The
+            (Adam, AdamW, RMSprop, Adagrad, ...: the hook's test), else 0.5. The
             paper's value assumes a local optimizer tuned for one rank and
             lost 8-25 points on digits with a DDP-tuned SGD, where 0.5 held
             (docs/python.md); on the LM experiment with AdamW inside, onebit
@@ -229,7 +229,7 @@ class BlockMomentum:
             if not isinstance(flag, bool):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
         if isinstance(block_momentum, str) and block_momentum == "auto":
-            block_momentum = _AUTO_ADAPTIVE if "betas" in getattr(local_optimizer, "defaults", {}) else _AUTO_OTHER
+            block_momentum = _AUTO_ADAPTIVE if _quality.is_adaptive(local_optimizer) else _AUTO_OTHER
         if block_momentum is not None and not (_is_real(block_momentum) and 0.0 <= block_momentum < 1.0):
             raise ValueError(f"block_momentum must be in [0, 1) (or None for 1 - 1/P, or 'auto'), got "
                              f"{block_momentum!r}")
