@@ -105,12 +105,19 @@ def collectives(rank: int, world: int) -> None:
 def main() -> None:
     case = sys.argv[1]
     torch.set_num_threads(1)
-    late = float(os.environ.get("GZ_TEST_LATE_S", "0"))
-    if late:  # this rank reaches the backend's policy agreement late (the stranger's record comes first)
+    flag = os.environ.get("GZ_TEST_WAIT_FOR")
+    if flag:  # this rank reaches the backend's policy agreement once the stranger has written its record
         from gradzip.torch import backend
 
         agree = backend._agree
-        backend._agree = lambda *args: (time.sleep(late), agree(*args))[1]
+
+        def late(*args: object) -> None:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            agree(*args)
+
+        backend._agree = late
     # The default group waits long (ranks start at their own pace); the
     # groups the cases fail on have a short timeout.
     dist.init_process_group("cpu:gradzip", timeout=datetime.timedelta(seconds=120))

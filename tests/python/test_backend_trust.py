@@ -142,7 +142,7 @@ def test_the_same_malformed_policy_everywhere_names_the_variable():
 # -- a stranger on torch's store -------------------------------------------------------
 
 
-def _stranger(port: int, case: str, stop: threading.Event, seen: List[str]) -> None:
+def _stranger(port: int, case: str, stop: threading.Event, seen: List[str], flag: pathlib.Path) -> None:
     """A client of torch's TCPStore that is no member: as soon as rank 0's
     policy record appears, it copies it over rank 1's ("hide": rank 0 then
     reads its own policy back), or writes an edited one ("invent"). A sealed
@@ -174,24 +174,27 @@ def _stranger(port: int, case: str, stop: threading.Event, seen: List[str]) -> N
                 forged = value
             store.set(k1, forged)
             seen.append(form)
+            flag.touch()  # rank 1 comes to the agreement now: the forged record is there first
         time.sleep(0.0005)
 
 
 @pytest.mark.parametrize("case", ["hide", "invent"])
-def test_a_stranger_on_torchs_store_cannot_hide_or_invent_a_policy_mismatch(case):
+def test_a_stranger_on_torchs_store_cannot_hide_or_invent_a_policy_mismatch(case, tmp_path):
     # Before: the policies were plain JSON in torch's store. Hidden: both
     # ranks passed init with different policies; rank 1 later ended rc 0
     # with wrong results. Invented: the ranks raised different errors.
     port = free_port()
     stop, seen = threading.Event(), []
-    thread = threading.Thread(target=_stranger, args=(port, case, stop, seen), daemon=True)
+    flag = tmp_path / "forged"
+    thread = threading.Thread(target=_stranger, args=(port, case, stop, seen, flag), daemon=True)
     thread.start()
     policies = {0: "codec=onebit", 1: "codec=fp16" if case == "hide" else "codec=onebit"}
     try:
-        # Rank 1 comes late, so that the stranger's record is there first.
-        ranks = launch("init", port=port, limit=90,
-                       env={r: {"GRADZIP_POLICY": p, "GZ_TEST_LATE_S": "2" if r == 1 else "0"}
-                            for r, p in policies.items()})
+        # Rank 1 comes to the agreement once the stranger has written (at
+        # most 60 s later), so that the forged record is the one rank 0 reads.
+        ranks = launch("init", port=port, limit=120,
+                       env={0: {"GRADZIP_POLICY": policies[0]},
+                            1: {"GRADZIP_POLICY": policies[1], "GZ_TEST_WAIT_FOR": str(flag)}})
     finally:
         stop.set()
         thread.join()
