@@ -112,6 +112,7 @@ def _ranks_printed(pattern: str) -> "callable":
 
 # example -> (arguments, a line each rank prints when it finished)
 RUNS = {
+    "adamw.py": ((), r"rank (\d): 40 warm-up steps, then compressed: [0-9.]+x fewer bytes"),
     "backend.py": ((), r"rank (\d): parameters [0-9a-f]{16}, \d+ all_reduce calls compressed"),
     "ddp_hook.py": ((), r"rank (\d): [0-9.]+x fewer bytes per step"),
     "train_ddp.py": (("--steps", "6", "--save-every", "3", "--checkpoint-dir", "ckpt"),
