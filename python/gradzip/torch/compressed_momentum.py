@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..codec import Codec
-from . import _transports
+from . import _agreement, _resume, _transports
 
 __all__ = ["CompressedAdamW", "CompressedSGD"]
 
@@ -128,6 +128,8 @@ class _CompressedMomentum(torch.optim.Optimizer):
         self._ef: List[Any] = []
         self._warmup_ef: List[Any] = []
         self._stats = {"wire_bytes": 0.0, "dense_wire_bytes": 0.0, "compressed_steps": 0}
+        self._resume = _resume.Resume()  # whose per-rank state was restored (_resume.py)
+        self._resume_pending: Optional[Dict[str, Any]] = None  # from gradzip's rank file: again at the next step
         self._world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         if dist.is_initialized() and self._world > 1:  # every rank starts from rank 0's parameters
             with torch.no_grad():
@@ -178,6 +180,11 @@ class _CompressedMomentum(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
+        if self._resume_pending is not None:  # restored from gradzip's rank file: again, over what a stack restored
+            pending, self._resume_pending = self._resume_pending, None
+            self.load_state_dict(pending)
+        if not self._resume.settled:
+            self._settle()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -210,12 +217,33 @@ class _CompressedMomentum(torch.optim.Optimizer):
 
     # -- checkpoints ----------------------------------------------------------
 
+    def _rank(self) -> Optional[int]:
+        return dist.get_rank(self.process_group) if dist.is_initialized() else None
+
+    def _settle(self) -> None:
+        """The first step after a start or a restore: the ranks agree whose
+        per-rank state each restored (_resume.py). Anything but every rank's
+        own drops, on every rank, the error feedback and the rank's own
+        momentum (which restarts from the shared one)."""
+        def agree(fields: List[Tuple[str, str]], round: str, mismatch: str) -> None:
+            if self._world > 1 and dist.is_initialized():
+                _agreement.agree(self.process_group, fields, "optimizer", round, mismatch)
+
+        if self._resume.settle(agree, type(self).__name__):
+            self._ef, self._warmup_ef = [], []
+            self._drop_rank_state()
+
+    def _drop_rank_state(self) -> None:
+        """Per-rank buffers beyond the error feedback (subclasses)."""
+
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
         """This rank's whole state: hyperparameters, step, stage, the flat
-        moment buffers, the error feedback of every bucket, the statistics."""
+        moment buffers, the error feedback of every bucket, the statistics,
+        and who saved it (``saved_by``: the error feedback is this rank's)."""
         return {
             "version": _STATE_VERSION,
             "kind": self._KIND,
+            "saved_by": _resume.saved_by(self._rank(), self._world),
             "codec": self.codec.spec,
             "server_codec": self.server_codec,
             "warmup_codec": self.warmup_codec.spec if self.warmup_codec is not None else None,
@@ -234,8 +262,8 @@ class _CompressedMomentum(torch.optim.Optimizer):
     def load_state_dict(self, state: Dict[str, Any]) -> None:  # type: ignore[override]
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or state.get("kind") != self._KIND:
             raise ValueError(f"not a gradzip {type(self).__name__} state_dict (version {_STATE_VERSION})")
+        stamp = _resume.checked_stamp(state)
         for key, mine in (("codec", self.codec.spec), ("server_codec", self.server_codec), ("elements", self._n),
-                          ("world_size", self._world),
                           ("warmup_codec", self.warmup_codec.spec if self.warmup_codec is not None else None),
                           ("sparsity", [self.sparsity_warmup, self.sparsity_start, self.sparsity_stages])):
             if state.get(key, [0, 0.25, 4] if key == "sparsity" else None) != mine:
@@ -259,6 +287,11 @@ class _CompressedMomentum(torch.optim.Optimizer):
                 ef.load_state_dict(saved)
                 mine_ef.append(ef)
         self._stats = dict(state["stats"])
+        # Another rank's or world size's error feedback (a stack saved rank 0's copy): dropped at the next step
+        # by every rank alike (_resume.py). A state of no stamp is judged by its world size.
+        saved_world = state.get("world_size")
+        self._resume.loaded(stamp, saved_world if isinstance(saved_world, int) else None, self._rank(),
+                            self._world)
 
     # -- the stages -------------------------------------------------------------
 
@@ -701,6 +734,12 @@ class CompressedAdamW(_CompressedMomentum):
         if self._mloc.numel():
             out["m_local"] = self._mloc
         return out
+
+    def _drop_rank_state(self) -> None:
+        # This rank's own momentum restarts from the shared one (the own variance of local_variance, which
+        # has no shared counterpart, keeps the restored rank's).
+        if self._mloc.numel():
+            self._mloc.copy_(self._m)
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
         state = super().state_dict()

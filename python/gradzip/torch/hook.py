@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .. import _core
 from ..codec import Codec
-from . import _agreement, _filters, _layout, _momentum, _precondition, _quality, _transports, _worker
+from . import _agreement, _filters, _layout, _momentum, _precondition, _quality, _resume, _transports, _worker
 from ._quality import is_adaptive
 
 __all__ = ["CompressionState", "compression_hook"]
@@ -194,6 +194,8 @@ class CompressionState:
         "_comm",
         "_worker",
         "_agreed",
+        "_resume",  # whose per-rank state was restored (_resume.py)
+        "_resume_pending",  # a state restored from gradzip's rank file, applied again at the next call
         "_exact",  # the layer filter's threshold in use (exact_below, or what "auto" decided), or None
         "_splits",  # layer filters: id(segment) -> (segment, _filters.Split or None)
         "_adaptive",  # None until decided (adaptive="auto"), then True or False
@@ -287,6 +289,8 @@ class CompressionState:
         self._comm = communicator  # the given one, or made at the first compressed bucket
         self._worker = None
         self._agreed = False
+        self._resume = _resume.Resume()
+        self._resume_pending: Optional[Dict[str, Any]] = None
         self._stats = _new_stats()
 
     @property
@@ -353,6 +357,8 @@ class CompressionState:
             "momentum_seen": self._seen.momentum if self._seen is not None else None,
             "transport": self.transport,
             "world_size": self._world_size or self._saved_world,
+            "saved_by": _resume.saved_by(dist.get_rank(self.process_group) if self._world_size else None,
+                                         self._world_size),
             "step": self._step,
             "shapes": [list(s) for s in self._tracker.shapes()],
             "segments": segments,
@@ -381,10 +387,8 @@ class CompressionState:
         step = state.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"the state_dict's step must be an integer >= 0, got {step!r}")
+        stamp = _resume.checked_stamp(state)
         saved_world = state.get("world_size")
-        if saved_world is not None and self._world_size and saved_world != self._world_size:
-            raise ValueError(f"the state_dict was saved with world_size={saved_world!r}, this state has "
-                             f"{self._world_size!r}")
         if saved_world is not None and (not isinstance(saved_world, int) or isinstance(saved_world, bool)
                                         or saved_world < 1):
             raise ValueError(f"the state_dict's world_size must be a positive integer, got {saved_world!r}")
@@ -458,6 +462,8 @@ class CompressionState:
             self._seen = _Seen(step - 1)  # saved before the decision: decide at the first call, as the saved run did
         if not self._world_size:
             self._saved_world = saved_world
+        self._resume.loaded(stamp, saved_world, dist.get_rank(self.process_group) if self._world_size else None,
+                            self._world_size or None)
         self._step = int(state["step"])
         self._agreed = False  # the ranks check again that all of them restored
         self._stats = _new_stats()
@@ -498,12 +504,26 @@ class CompressionState:
             raise RuntimeError("torch.distributed is not initialized: call init_process_group before training "
                                "(the hook binds to the process group at its first call)")
         world = dist.get_world_size(self.process_group)
-        if self._saved_world is not None and self._saved_world != world:
-            raise ValueError(f"the restored state_dict was saved with world_size={self._saved_world}, "
-                             f"the process group has {world} ranks")
+        rank = dist.get_rank(self.process_group)
+        self._resume.bind(rank, world)  # a state restored before: this rank's own, or not (_resume.py)
+        self._saved_world = None
         self._world_size = world
         logger.info("gradzip DDP hook: codec=%s transport=%s algorithm=%s warmup_steps=%d world_size=%d",
                     self.codec.spec, self.transport, self.algorithm, self.warmup_steps, world)
+
+    def _settle(self) -> None:
+        """The first call after a start or a restore: the ranks agree whose
+        per-rank state each restored (_resume.py); anything but every rank's
+        own drops the residuals and the local momentum on every rank."""
+        def agree(fields: List[Tuple[str, str]], round: str, mismatch: str) -> None:
+            if self._world_size > 1:
+                _agreement.agree(self.process_group, fields, "hook", round, mismatch)
+
+        if self._resume.settle(agree, "DDP hook"):
+            for seg in self._tracker.segments():
+                seg.ef.reset()
+            if self._mc is not None:
+                self._mc = _momentum.MomentumCorrection(self._mc.beta)
 
     def _connect(self) -> None:
         """The first compressed bucket: this state's communicator and worker thread."""
@@ -831,8 +851,13 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     if buffer.dtype not in _GRAD_DTYPES:
         raise ValueError(
             f"gradzip compresses float32, float16 and bfloat16 gradients; this bucket is {buffer.dtype}")
+    if state._resume_pending is not None:  # restored from gradzip's rank file: again, over what a stack restored
+        pending, state._resume_pending = state._resume_pending, None
+        state.load_state_dict(pending)
     if not state._world_size:  # the first call: the process group exists now
         state._bind()
+    if not state._resume.settled:
+        state._settle()
     if state._adaptive is None or state._precond is None:  # adaptive="auto" or the preconditioning: undecided
         state._decide(bucket)
     if not state._agreed:  # first call: every rank checks the others' settings before taking a branch

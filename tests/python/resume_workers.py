@@ -1,0 +1,136 @@
+"""What test_resume.py runs on every rank (dist_util.run_ranks): the DDP
+hook resumed from its own state, from another rank's, on some ranks only,
+and through gradzip's per-rank files, whole or tampered with."""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradzip
+from ddp_workers import SMALL_BUCKETS_MB, batch, digest, make_model, same_on_all_ranks
+from gradzip.torch import CompressedSGD, CompressionState, checkpoint, compression_hook
+
+CODEC = "onebit"  # residuals worth losing: the resumed run ends elsewhere without them
+
+
+class Job:
+    """One rank of a training job: a model, DDP with the hook, SGD."""
+
+    def __init__(self, params: "torch.Tensor | None" = None, opt_state: Any = None) -> None:
+        self.model = make_model()
+        if params is not None:
+            torch.nn.utils.vector_to_parameters(params, self.model.parameters())
+        self.ddp = DDP(self.model, bucket_cap_mb=SMALL_BUCKETS_MB)
+        self.state = CompressionState(codec=CODEC, warmup_steps=1)
+        self.ddp.register_comm_hook(self.state, compression_hook)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.1, momentum=0.9)
+        if opt_state is not None:
+            self.opt.load_state_dict(opt_state)
+        self.step = 0
+
+    def train(self, steps: int) -> None:
+        rank = dist.get_rank()
+        for _ in range(steps):
+            x, y = batch(self.step, rank)
+            self.opt.zero_grad()
+            torch.nn.functional.cross_entropy(self.ddp(x), y).backward()
+            self.opt.step()
+            self.step += 1
+
+    def params(self) -> torch.Tensor:
+        return torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().clone()
+
+    def restarted(self) -> "Job":
+        """A new job at this one's parameters and optimizer state (not the hook's)."""
+        job = Job(self.params(), copy.deepcopy(self.opt.state_dict()))  # the live buffers would be shared
+        job.step = self.step
+        return job
+
+
+def _warnings_of(fn: Any) -> List[str]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning) and "gradzip" in str(w.message)]
+
+
+def one_copy(rank: int, world: int) -> Dict[str, Any]:
+    """Rank 0's hook state restored on every rank (what a one-copy
+    checkpointer does): no rank raises; every rank warns once and drops its
+    residuals; the ranks stay identical; the run differs from one resumed
+    with each rank's own state (which equals the uninterrupted run)."""
+    job = Job()
+    job.train(3)
+    own = job.state.state_dict()
+    rank0 = [own]
+    dist.broadcast_object_list(rank0, src=0)
+    resumed_own, resumed_one = job.restarted(), job.restarted()
+    job.train(3)
+    resumed_own.state.load_state_dict(own)
+    resumed_own.train(3)
+    resumed_one.state.load_state_dict(rank0[0])
+    warned = _warnings_of(lambda: resumed_one.train(3))
+    return {"warned": warned, "own_equals_uninterrupted": torch.equal(resumed_own.params(), job.params()),
+            "one_copy_equals_uninterrupted": torch.equal(resumed_one.params(), job.params()),
+            "identical": same_on_all_ranks(resumed_one.params())}
+
+
+def some_ranks_only(rank: int, world: int) -> str:
+    """Only rank 0 restores: the first step must fail on every rank alike."""
+    job = Job()
+    job.train(2)
+    saved = job.state.state_dict()
+    resumed = job.restarted()
+    if rank == 0:
+        resumed.state.load_state_dict(saved)
+    try:
+        resumed.train(1)
+    except gradzip.InvalidArgument as e:
+        return str(e)
+    return "no error"
+
+
+def rank_files(rank: int, world: int, folder: str, case: str) -> Dict[str, Any]:
+    """gradzip.torch.checkpoint round trip, and `case`'s tampering before the load."""
+    job = Job()
+    job.train(3)
+    path = checkpoint.save(folder, job.state)
+    resumed = job.restarted()
+    job.train(3)
+    dist.barrier()
+    if case == "missing" and rank == 1:
+        os.remove(path)
+    elif case == "world":
+        os.replace(path, checkpoint.path_of(folder, rank, 4))
+    elif case == "forged" and rank == 1:  # rank 0's file under rank 1's name
+        torch.save(torch.load(checkpoint.path_of(folder, 0, world), weights_only=True), path)
+    elif case == "pickle" and rank == 1:  # a pickle that would run code
+        torch.save({"format": "gradzip-rank-state", "evil": os.system}, path)
+    elif case == "garbled" and rank == 1:  # a well-formed file whose residual bytes were changed
+        body = torch.load(path, weights_only=True)
+        for seg in body["objects"][0]["state"]["segments"]:
+            ef = seg["ef"]
+            for key, value in ef.items():
+                if isinstance(value, bytes) and len(value) > 64:
+                    ef[key] = value[:40] + bytes([value[40] ^ 1]) + value[41:]
+        torch.save(body, path)
+    dist.barrier()
+    out: Dict[str, Any] = {}
+    objects = [resumed.state] if case != "kinds" else [resumed.state, CompressedSGD(resumed.model.parameters())]
+    try:
+        out["warned"] = _warnings_of(lambda: out.__setitem__("restored", checkpoint.load(folder, *objects)))
+    except gradzip.InvalidArgument as e:
+        out["error"] = str(e)
+        return out
+    resumed.train(3)
+    out["equals_uninterrupted"] = torch.equal(resumed.params(), job.params())
+    out["identical"] = same_on_all_ranks(resumed.params())
+    out["digest"] = digest(resumed.params())
+    return out
