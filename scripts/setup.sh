@@ -104,7 +104,8 @@ gz_python_env() {
   fi
   local need=() mod
   for mod in numpy:numpy sklearn:scikit-learn pytest:pytest "scikit_build_core:scikit-build-core>=0.10" \
-             "nanobind:nanobind>=2.2" matplotlib:matplotlib; do
+             "nanobind:nanobind>=2.2" matplotlib:matplotlib \
+             transformers:transformers accelerate:accelerate lightning:lightning; do
     "$GZ_PYTHON" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
   done
   if ((${#need[@]})); then
