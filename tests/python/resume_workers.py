@@ -134,3 +134,20 @@ def rank_files(rank: int, world: int, folder: str, case: str) -> Dict[str, Any]:
     out["identical"] = same_on_all_ranks(resumed.params())
     out["digest"] = digest(resumed.params())
     return out
+
+
+def dcp_round_trip(rank: int, world: int, folder: str) -> Dict[str, Any]:
+    """torch.distributed.checkpoint with checkpoint.Stateful: every rank's own
+    residuals come back (DCP would otherwise keep one rank's copy of a key
+    every rank holds)."""
+    import torch.distributed.checkpoint as dcp
+
+    job = Job()
+    job.train(3)
+    dcp.save({"gradzip": checkpoint.Stateful(job.state)}, checkpoint_id=folder)
+    resumed = job.restarted()
+    job.train(3)
+    warned = _warnings_of(lambda: dcp.load({"gradzip": checkpoint.Stateful(resumed.state)}, checkpoint_id=folder))
+    resumed.train(3)
+    return {"warned": warned, "equals_uninterrupted": torch.equal(resumed.params(), job.params()),
+            "identical": same_on_all_ranks(resumed.params())}

@@ -26,8 +26,8 @@ def test_a_foreign_state_is_dropped_alike_on_every_rank() -> None:
 def test_a_state_restored_on_some_ranks_only_fails_every_rank() -> None:
     errors = run_ranks(w.some_ranks_only, 2)
     assert errors[0] == errors[1], errors
-    assert "a checkpoint was restored on some ranks only" in errors[0]
-    assert "rank 0 'yes'; rank 1 'no'" in errors[0]
+    assert "restore the hook's state_dict on all of them or none" in errors[0]
+    assert "restored a checkpoint: rank 0 'yes'; rank 1 'no'" in errors[0]
 
 
 def test_rank_files_round_trip_bit_identically(tmp_path) -> None:
@@ -59,3 +59,8 @@ def test_a_hostile_rank_file_fails_every_rank_alike(tmp_path, case: str, says: s
     out = run_ranks(w.rank_files, 2, str(tmp_path), case)
     assert out[0]["error"] == out[1]["error"], out
     assert says in out[0]["error"], out[0]["error"]
+
+
+def test_torch_distributed_checkpoint_keeps_every_ranks_state(tmp_path) -> None:
+    for r in run_ranks(w.dcp_round_trip, 2, str(tmp_path)):
+        assert r["warned"] == [] and r["equals_uninterrupted"] and r["identical"]

@@ -60,6 +60,7 @@ def _fields(state: Any, bucket: Any) -> List[Tuple[str, str]]:
         ("dtype", str(buffer.dtype).replace("torch.", "")),
         ("first bucket", f"#{bucket.index()}: {buffer.numel()} x {buffer.dtype} in {len(params)} parameters "
                          f"(shapes {shapes})"),
+        *state._resume.fields(),  # after a start or a restore: whose state each rank restored (_resume.py)
     ]
 
 

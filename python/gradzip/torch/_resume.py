@@ -18,16 +18,22 @@ twice and lose rank 1's. Every state_dict therefore says who saved it
   is kept; the per-rank part is dropped at the next step.
 
 At the first step after a start or a load, every rank takes part in one
-agreement (sealed, through the rendezvous store, see _agreement.py):
+agreement (sealed, through the rendezvous store, see _agreement.py) on two
+fields; the DDP hook adds them to its first-call agreement, so a resume costs
+it no extra round, and the other entry points run them as a round of their
+own:
 
-1. "restored": whether each rank restored a checkpoint. Some ranks but not
-   others is a checkpoint loaded on some ranks only: their replicated parts
-   differ, continuing would be wrong, and every rank raises the same
+1. "restored a checkpoint": whether each rank restored one. Some ranks but
+   not others is a checkpoint loaded on some ranks only: their replicated
+   parts differ, continuing would be wrong, and every rank raises the same
    InvalidArgument naming which ranks did.
-2. When all restored, "error feedback": whose. All ``own``: training
-   continues bit-identically. Anything else (a one-copy checkpointer, a new
-   world size): every rank drops its per-rank part, warns once, and
-   continues with fresh error feedback, all ranks alike.
+2. "error feedback": whose. All ``own``: training continues
+   bit-identically. Anything else (a one-copy checkpointer, a new world
+   size): every rank drops its per-rank part, warns once, and continues with
+   fresh error feedback, all ranks alike.
+
+The mismatch report is the same on every rank, so each rank reads from it
+alike whether only field 2 differs (drop) or anything else (raise).
 
 Per-rank side files (gradzip.torch.checkpoint, which the stacks'
 integrations use) restore ``own`` state on every rank: each rank writes and
@@ -37,6 +43,7 @@ reads only its own file, one residual per rank however many ranks there are.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -114,31 +121,47 @@ class Resume:
                     else f"rank {self.source[0]} of {self.source[1]}'s")
         return self.status
 
+    FIELDS = ("restored a checkpoint", "error feedback")
+
+    def fields(self) -> List[Tuple[str, str]]:
+        """What this rank contributes to its entry point's first agreement
+        after a start or a load (none once settled)."""
+        if self.settled:
+            return []
+        return [(self.FIELDS[0], "no" if self.status == FRESH else "yes"), (self.FIELDS[1], self.describe())]
+
+    def judge(self, error: Optional[BaseException], who: str) -> bool:
+        """After that agreement (`error`: its InvalidArgument, the same on
+        every rank, or None): True when every rank must drop its per-rank
+        state (each warns once). Re-raises `error` when anything but whose
+        error feedback differs: some ranks restored and others did not, or
+        the entry point's other settings."""
+        if self.settled:
+            if error is not None:
+                raise error
+            return False
+        if error is not None and _differing(str(error)) != {self.FIELDS[1]}:
+            raise error
+        self.settled = True
+        drop = error is not None or self.status == FOREIGN
+        if drop:
+            self._warn(who, "" if error is None else _report(str(error)))
+        self.status = OWN if self.status != FRESH else FRESH  # from here on: this rank's own state
+        return drop
+
     def settle(self, agree: Agree, who: str) -> bool:
-        """The agreement of the first step after a start or a load (collective
-        over the entry point's ranks). Returns True when every rank must drop
-        its per-rank state (it then warns once); raises InvalidArgument on
-        every rank when some ranks restored and others did not."""
+        """The agreement of the first step after a start or a load, in a
+        round of its own (collective over the entry point's ranks), then
+        :meth:`judge`."""
         if self.settled:
             return False
-        self.settled = True
-        restored = "no" if self.status == FRESH else "yes"
-        agree([("restored a checkpoint", restored)], f"the {who} resume agreement",
-              f"gradzip {who}: a checkpoint was restored on some ranks only (their steps, moments and settings "
-              "now differ; restore it on every rank or none):")
-        if restored == "no":
-            return False
-        drop, report = self.status != OWN, ""
-        mine = self.describe()
         try:
-            agree([("error feedback", mine)], f"the {who} error-feedback agreement",
-                  "whose error feedback each rank restored:")
-        except _core.InvalidArgument as e:  # raised on every rank alike: every rank drops its own too
-            drop, report = True, str(e)
-        if drop:
-            self._warn(who, report)
-        self.status = OWN  # from here on: this rank's own state
-        return drop
+            agree(self.fields(), f"the {who} resume agreement",
+                  f"gradzip {who}: the ranks restored different checkpoints, or some ranks none (their steps, "
+                  "moments and settings now differ; restore on every rank or none):")
+        except _core.InvalidArgument as e:
+            return self.judge(e, who)
+        return self.judge(None, who)
 
     def _warn(self, who: str, report: str) -> None:
         if self.warned:
@@ -151,3 +174,15 @@ class Resume:
                "stack's integration in gradzip.integrations. " + report.strip())
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
         logger.warning("%s", msg)
+
+
+def _differing(report: str) -> set:
+    """The field names an agreement's mismatch report lists (one per line,
+    "  name: rank 0 'a'; rank 1 'b'", describe_disagreement in
+    comm/engine/agreement.h). The report is the same on every rank."""
+    return {m.group(1) for m in re.finditer(r"^  ([^:\n]+): rank", report, re.M)}
+
+
+def _report(report: str) -> str:
+    """The report's field lines, without the round's own headline."""
+    return "\n".join(line for line in report.splitlines() if line.startswith("  "))

@@ -38,12 +38,13 @@ until checked and cannot run code.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
 import types
 import warnings
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -51,7 +52,7 @@ import torch.distributed as dist
 from .. import _core
 from . import _agreement
 
-__all__ = ["save", "load", "path_of"]
+__all__ = ["Stateful", "load", "path_of", "save"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,41 +78,43 @@ def _where(group: Any) -> Tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _body(objects: Tuple[Any, ...], rank: int, world: int) -> Dict[str, Any]:
+    if not objects:
+        raise ValueError("gradzip.torch.checkpoint needs at least one gradzip object")
+    return {"format": _FORMAT, "version": _VERSION, "rank": rank, "world_size": world,
+            "objects": [{"kind": _kind(o), "state": o.state_dict()} for o in objects]}
+
+
 def save(directory: str, *objects: Any, group: Any = None) -> str:
     """Writes this rank's state of `objects` (in order) to its file in
     `directory` (created if needed), atomically: a crash mid-write leaves the
     previous file or none. Call on every rank. Returns the file's path."""
-    if not objects:
-        raise ValueError("save() needs at least one gradzip object")
     rank, world = _where(group)
+    body = _body(objects, rank, world)
     os.makedirs(os.fspath(directory), exist_ok=True)
     path = path_of(directory, rank, world)
-    body = {"format": _FORMAT, "version": _VERSION, "rank": rank, "world_size": world,
-            "objects": [{"kind": _kind(o), "state": o.state_dict()} for o in objects]}
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save(body, tmp)
     os.replace(tmp, path)
     return path
 
 
-def _read(path: str, rank: int, world: int, objects: Tuple[Any, ...]) -> List[Any]:
-    """This rank's file, checked: the state dicts in `objects`' order.
-    Raises ValueError (or InvalidArgument) naming what is wrong."""
+def _read(source: Any, name: str, rank: int, world: int, objects: Tuple[Any, ...]) -> List[Any]:
+    """This rank's saved body (a path or a file-like), checked: the state
+    dicts in `objects`' order. Raises ValueError naming what is wrong."""
     try:
-        body = torch.load(path, map_location="cpu", weights_only=True)
+        body = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a torch file, or a pickle that is not plain data
-        raise ValueError(f"{os.path.basename(path)} is not a readable gradzip rank file ({type(e).__name__}: "
+        raise ValueError(f"{name} is not a readable gradzip rank file ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:160] if str(e) else ''})") from None
     if not isinstance(body, dict) or body.get("format") != _FORMAT or body.get("version") != _VERSION:
-        raise ValueError(f"{os.path.basename(path)} is not a gradzip rank file (format {_FORMAT} v{_VERSION})")
+        raise ValueError(f"{name} is not a gradzip rank file (format {_FORMAT} v{_VERSION})")
     if body.get("rank") != rank or body.get("world_size") != world:
-        raise ValueError(f"{os.path.basename(path)} says it is rank {body.get('rank')!r} of "
-                         f"{body.get('world_size')!r}")
+        raise ValueError(f"{name} says it is rank {body.get('rank')!r} of {body.get('world_size')!r}")
     entries = body.get("objects")
     kinds = [e.get("kind") if isinstance(e, dict) else None for e in entries] if isinstance(entries, list) else None
     if kinds != [_kind(o) for o in objects]:
-        raise ValueError(f"{os.path.basename(path)} holds {kinds!r}; asked to restore "
-                         f"{[_kind(o) for o in objects]!r}")
+        raise ValueError(f"{name} holds {kinds!r}; asked to restore {[_kind(o) for o in objects]!r}")
     return [e.get("state") for e in entries]
 
 
@@ -135,33 +138,41 @@ def load(directory: str, *objects: Any, group: Any = None) -> bool:
         raise ValueError("load() needs at least one gradzip object")
     rank, world = _where(group)
     path = path_of(directory, rank, world)
+    found = os.path.exists(path)
+    return _restore(lambda: _read(path, os.path.basename(path), rank, world, objects) if found else None,
+                    objects, group, f"gradzip.torch.checkpoint.load({os.fspath(directory)!r})",
+                    "" if found else "missing" + _others(os.fspath(directory), world))
+
+
+def _restore(read: Callable[[], Optional[List[Any]]], objects: Tuple[Any, ...], group: Any, where: str,
+             missing: str) -> bool:
+    """What :func:`load` and :class:`Stateful` share: this rank's states
+    (`read`: None when absent), then the ranks' agreement, then the restore."""
+    rank, world = _where(group)
     states: Optional[List[Any]] = None
     problem = "none"
-    if os.path.exists(path):
-        try:
-            states = _read(path, rank, world, objects)
-        except ValueError as e:
-            problem = str(e)
+    try:
+        states = read()
+    except ValueError as e:
+        problem = str(e)
 
     def agree(fields: List[Tuple[str, str]], mismatch: str) -> None:
         if world > 1:
             _agreement.agree(group, fields, "checkpoint", "the checkpoint agreement", mismatch)
 
-    where = f"gradzip.torch.checkpoint.load({os.fspath(directory)!r})"
     agree([("rank file", problem)], f"{where}: a rank file is unusable:")
     if problem != "none":  # the same problem on every rank
         raise _core.InvalidArgument(f"{where}: {problem}")
-    found = "found" if states is not None else "missing" + _others(os.fspath(directory), world)
     try:
-        agree([("rank file", found)], "")
+        agree([("rank file", "found" if states is not None else missing or "missing")], "")
         complete = states is not None
     except _core.InvalidArgument:
         complete = False
     if not complete:
-        msg = (f"{where}: no rank file of world size {world} on some rank"
-               f"{'' if states is not None else ' (this one: ' + found + ')'}; nothing is restored, every rank "
-               "continues with fresh error feedback")
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        msg = (f"{where}: no gradzip state of world size {world} on some rank"
+               f"{'' if states is not None else ' (this one: ' + (missing or 'missing') + ')'}; nothing is "
+               "restored, every rank continues with fresh error feedback")
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
         logger.warning("%s", msg)
         return False
     problem = "none"
@@ -178,3 +189,53 @@ def load(directory: str, *objects: Any, group: Any = None) -> bool:
         if hasattr(obj, "_resume_pending"):
             obj._resume_pending = state  # restored again at the object's next step
     return True
+
+
+class Stateful:
+    """gradzip's per-rank state for ``torch.distributed.checkpoint`` (DCP)::
+
+        dcp.save({"model": ..., "gradzip": checkpoint.Stateful(state)}, checkpoint_id=folder)
+        dcp.load({"model": ..., "gradzip": checkpoint.Stateful(state)}, checkpoint_id=folder)
+
+    Its state_dict is one entry per rank, keyed ``rank<r>-of-<P>`` (the
+    same body as a rank file, as bytes), so DCP keeps every rank's instead of
+    deduplicating them into one. The load is :func:`load`'s, agreed and
+    checked the same way (``torch.load(weights_only=True)`` of the bytes).
+    A checkpoint of another world size lacks this rank's key: DCP raises,
+    unless the load planner allows a partial load
+    (``DefaultLoadPlanner(allow_partial_load=True)``), and then every rank
+    warns and continues with fresh error feedback.
+    """
+
+    def __init__(self, *objects: Any, group: Any = None) -> None:
+        if not objects:
+            raise ValueError("Stateful needs at least one gradzip object")
+        self.objects, self.group = objects, group
+        self._template: Optional[bytes] = None  # what state_dict() last returned
+
+    def _key(self) -> str:
+        rank, world = _where(self.group)
+        return f"rank{rank}-of-{world}"
+
+    def state_dict(self) -> Dict[str, Any]:
+        buf = io.BytesIO()
+        torch.save(_body(self.objects, *_where(self.group)), buf)
+        self._template = buf.getvalue()
+        return {self._key(): self._template}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        key, rank_world = self._key(), _where(self.group)
+        value = state_dict.get(key) if isinstance(state_dict, dict) else None
+        # DCP leaves the template's own object where the checkpoint lacks the key (a partial load): this
+        # very state's body, which is not a restore.
+        fresh = value is not None and value is self._template
+        if value is not None and not isinstance(value, bytes):
+            def read() -> Optional[List[Any]]:
+                raise ValueError(f"the entry {key} is {type(value).__name__}, not bytes")
+        else:
+            def read() -> Optional[List[Any]]:
+                if value is None or fresh:
+                    return None
+                return _read(io.BytesIO(value), key, *rank_world, self.objects)
+        _restore(read, self.objects, self.group, "gradzip.torch.checkpoint.Stateful", "" if value and not fresh
+                 else "missing")

@@ -511,19 +511,13 @@ class CompressionState:
         logger.info("gradzip DDP hook: codec=%s transport=%s algorithm=%s warmup_steps=%d world_size=%d",
                     self.codec.spec, self.transport, self.algorithm, self.warmup_steps, world)
 
-    def _settle(self) -> None:
-        """The first call after a start or a restore: the ranks agree whose
-        per-rank state each restored (_resume.py); anything but every rank's
-        own drops the residuals and the local momentum on every rank."""
-        def agree(fields: List[Tuple[str, str]], round: str, mismatch: str) -> None:
-            if self._world_size > 1:
-                _agreement.agree(self.process_group, fields, "hook", round, mismatch)
-
-        if self._resume.settle(agree, "DDP hook"):
-            for seg in self._tracker.segments():
-                seg.ef.reset()
-            if self._mc is not None:
-                self._mc = _momentum.MomentumCorrection(self._mc.beta)
+    def _drop_rank_state(self) -> None:
+        """The ranks agreed that not every rank restored its own state
+        (_resume.py): every rank drops its residuals and local momentum."""
+        for seg in self._tracker.segments():
+            seg.ef.reset()
+        if self._mc is not None:
+            self._mc = _momentum.MomentumCorrection(self._mc.beta)
 
     def _connect(self) -> None:
         """The first compressed bucket: this state's communicator and worker thread."""
@@ -856,12 +850,16 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         state.load_state_dict(pending)
     if not state._world_size:  # the first call: the process group exists now
         state._bind()
-    if not state._resume.settled:
-        state._settle()
     if state._adaptive is None or state._precond is None:  # adaptive="auto" or the preconditioning: undecided
         state._decide(bucket)
     if not state._agreed:  # first call: every rank checks the others' settings before taking a branch
-        _agreement.check(state, bucket)
+        error = None
+        try:  # the settings, and after a start or a restore whose state each rank restored (_resume.py)
+            _agreement.check(state, bucket)
+        except _core.InvalidArgument as e:
+            error = e
+        if state._resume.judge(error, "DDP hook"):  # raises unless only whose error feedback differs
+            state._drop_rank_state()
         state._agreed = True
     warming = state._warming(bucket)
     if not state._agreed:  # the measured warm-up ended: every rank must end it at this step
