@@ -151,3 +151,33 @@ def dcp_round_trip(rank: int, world: int, folder: str) -> Dict[str, Any]:
     resumed.train(3)
     return {"warned": warned, "equals_uninterrupted": torch.equal(resumed.params(), job.params()),
             "identical": same_on_all_ranks(resumed.params())}
+
+
+def shared_stats(rank: int, world: int) -> Dict[str, Any]:
+    """compression_stats() of the hook, CompressedAdamW and BlockMomentum after
+    a few steps: the keys every entry point reports (_stats.py)."""
+    from gradzip.torch import BlockMomentum, CompressedAdamW
+
+    out: Dict[str, Any] = {}
+    job = Job()
+    job.train(3)
+    out["hook"] = job.state.compression_stats()
+    model = make_model()
+    ddp = DDP(model)
+    opt = CompressedAdamW(model.parameters(), codec="onebit", min_warmup_steps=1, max_warmup_steps=2)
+    opt.register_ddp(ddp)
+    bm_model = make_model()
+    local = torch.optim.SGD(bm_model.parameters(), lr=0.1)
+    bm = BlockMomentum(bm_model, local, block_steps=2, codec="onebit")
+    for step in range(4):
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        bm.zero_grad()
+        torch.nn.functional.cross_entropy(bm_model(x), y).backward()
+        bm.step()
+    out["CompressedAdamW"] = opt.compression_stats()
+    out["BlockMomentum"] = bm.compression_stats()
+    out["elements"] = sum(p.numel() for p in model.parameters())
+    return out

@@ -61,6 +61,7 @@ import torch
 import torch.distributed as dist
 
 from .. import InvalidArgument, IoError, _core
+from . import _stats
 from ._agreement import agree_on_store
 from ._backend_policy import ENGINE_DTYPES, Policy, States
 
@@ -311,13 +312,12 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         ``compressed_calls``, ``exact_calls`` (all_reduces kept exact by the
         policy, SUM/AVG of floating tensors), ``compressed_bytes`` (the dense
         size of the compressed tensors), ``wire_bytes`` (what the engine sent),
-        ``wire_ratio`` (a ring allreduce's 2(P-1)/P x compressed_bytes over
-        wire_bytes), ``states`` and ``state_bytes`` (error feedback held)."""
+        ``baseline_wire_bytes`` (a ring allreduce's 2(P-1)/P x compressed_bytes),
+        ``wire_ratio`` (their quotient; the keys every entry point reports:
+        ``_stats.py``), ``states`` and ``state_bytes`` (error feedback held)."""
         with self._lock:
             s = dict(self._stats)
-        p = self._size
-        ring = s["compressed_bytes"] * 2 * (p - 1) / p
-        s["wire_ratio"] = ring / s["wire_bytes"] if s["wire_bytes"] else float("nan")
+        s.update(_stats.core(s["wire_bytes"], _stats.ring(s["compressed_bytes"], self._size)))
         s["states"] = len(self._states)
         s["state_bytes"] = self._states.bytes()
         return s

@@ -19,7 +19,7 @@ import torch
 
 from .. import _core
 from ..codec import Codec
-from . import _block_exchange, _filters, _quality, _transports
+from . import _block_exchange, _filters, _quality, _stats, _transports
 
 __all__ = ["BlockMomentum"]
 
@@ -384,8 +384,10 @@ class BlockMomentum:
             wire_bytes_per_block, wire_bytes_per_step: what this rank put on
                 the network (counted by the communicator; module buffers
                 included, the initial broadcast not).
-            wire_ratio: a DDP fp32 ring allreduce's bytes per step
-                (2(P-1)/P x the model) over wire_bytes_per_step.
+            wire_bytes, baseline_wire_bytes, wire_ratio: the keys every entry
+                point reports (``_stats.py``): the total sent, what a DDP fp32
+                ring allreduce (2(P-1)/P x the model) would have sent over the
+                same steps, and their ratio.
             uncompressed_bytes_per_step: the part of wire_bytes_per_step
                 sent in fp32: the parameters the layer filter keeps exact
                 (``exact_below``) and the module buffers.
@@ -393,7 +395,7 @@ class BlockMomentum:
         s = self._stats
         steps, blocks = max(s["steps"], 1), max(s["blocks"], 1)
         p = self.world_size
-        ddp = 4.0 * self._n * 2 * (p - 1) / p
+        ddp = _stats.ring(4.0 * self._n, p)
         wire_step = s["wire_bytes"] / steps
         return {
             "steps": s["steps"],
@@ -403,7 +405,7 @@ class BlockMomentum:
             "payload_bytes_per_block": s["payload_bytes"] / blocks,
             "wire_bytes_per_block": s["wire_bytes"] / blocks,
             "wire_bytes_per_step": wire_step,
-            "wire_ratio": ddp / wire_step if wire_step else math.nan,
+            **_stats.core(s["wire_bytes"], ddp * s["steps"]),
             "uncompressed_bytes_per_step": s["uncompressed_wire_bytes"] / steps,
         }
 

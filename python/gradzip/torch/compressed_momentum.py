@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..codec import Codec
-from . import _agreement, _resume, _transports
+from . import _agreement, _resume, _stats, _transports
 
 __all__ = ["CompressedAdamW", "CompressedSGD"]
 
@@ -161,20 +161,20 @@ class _CompressedMomentum(torch.optim.Optimizer):
         wire_bytes (what this rank sent: fp32 warm-up steps modelled as a ring
         allreduce, 2(P-1)/P x 4n, and compressed steps as the communicator
         counts them); fp32_wire_bytes (what fp32 DDP's ring allreduce sends
-        over the same steps); wire_ratio (their quotient); and
+        over the same steps, also as baseline_wire_bytes, the key every entry
+        point reports: ``_stats.py``); wire_ratio (their quotient); and
         compressed_wire_bytes_per_step (what one compressed step sends).
         """
         s = self._stats
         p = max(self._world, 1)
-        fp32 = 4.0 * self._n * 2 * (p - 1) / p * self._step
+        fp32 = _stats.ring(4.0 * self._n, p) * self._step
         wire = s["wire_bytes"] + s["dense_wire_bytes"]
         cs = s["compressed_steps"]
         return {
             "steps": self._step,
             "warmup_steps": max(self._frozen_at, 0) if self.compressing else self._step,
-            "wire_bytes": wire,
+            **_stats.core(wire, fp32),
             "fp32_wire_bytes": fp32,
-            "wire_ratio": fp32 / wire if wire else math.nan,
             "compressed_wire_bytes_per_step": s["wire_bytes"] / cs if cs else math.nan,
         }
 

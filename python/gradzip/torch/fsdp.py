@@ -47,7 +47,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from .. import InvalidArgument
 from ..codec import Codec
-from . import _agreement, _filters, _torch_transport
+from . import _agreement, _filters, _stats, _torch_transport
 
 __all__ = ["CompressedReduceScatter", "FSDPCompressionState", "register"]
 
@@ -118,9 +118,11 @@ class FSDPCompressionState:
         uncompressed reduce-scatter of the same tensors sends from this rank
         ((P-1)/P of the input, in its dtype); ``wire_bytes``: what gradzip
         sent; ``exact_wire_bytes``: the part of it the layer filter sent in
-        fp32 (``exact_below``); ``wire_ratio``: dense / wire."""
+        fp32 (``exact_below``); ``baseline_wire_bytes`` (= dense_bytes) and
+        ``wire_ratio``: dense / wire (the keys every entry point reports:
+        ``_stats.py``)."""
         s = dict(self._stats)
-        s["wire_ratio"] = s["dense_bytes"] / s["wire_bytes"] if s["wire_bytes"] else float("nan")
+        s.update(_stats.core(s["wire_bytes"], s["dense_bytes"]))
         return s
 
     def state_dict(self) -> Dict[str, Any]:

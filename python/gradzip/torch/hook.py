@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from .. import _core
 from ..codec import Codec
-from . import _agreement, _filters, _layout, _momentum, _precondition, _quality, _resume, _transports, _worker
+from . import (_agreement, _filters, _layout, _momentum, _precondition, _quality, _resume, _stats, _transports,
+               _worker)
 from ._quality import is_adaptive
 
 __all__ = ["CompressionState", "compression_hook"]
@@ -312,7 +313,9 @@ class CompressionState:
                 steps over torch's allreduce, modelled as a ring: 2(P-1)/P x
                 the dense bucket).
             ratio: dense / payload bytes.
-            wire_ratio: what a plain ring allreduce of the bucket would send / wire bytes.
+            wire_bytes, baseline_wire_bytes, wire_ratio: the keys every entry
+                point reports (``_stats.py``): the totals sent and what DDP's
+                ring allreduce of the buckets would have sent, and their ratio.
             uncompressed_steps: warm-up steps (the whole gradient sent uncompressed),
                 fixed or measured (``warmup_until``).
             warmup_ended_at: with ``warmup_until``, the step the measured
@@ -326,14 +329,14 @@ class CompressionState:
         s = self._stats
         steps = max(s["steps"], 1)
         p = max(self._world_size or self._saved_world or 1, 1)
-        fp32_wire = s["dense_bytes"] * 2 * (p - 1) / p
+        fp32_wire = _stats.ring(s["dense_bytes"], p)
         return {
             "steps": s["steps"],
             "dense_bytes_per_step": s["dense_bytes"] / steps,
             "payload_bytes_per_step": s["payload_bytes"] / steps,
             "wire_bytes_per_step": s["wire_bytes"] / steps,
             "ratio": s["dense_bytes"] / s["payload_bytes"] if s["payload_bytes"] else float("nan"),
-            "wire_ratio": fp32_wire / s["wire_bytes"] if s["wire_bytes"] else float("nan"),
+            **_stats.core(s["wire_bytes"], fp32_wire),
             "uncompressed_steps": s["uncompressed_steps"],
             "uncompressed_bytes_per_step": (s["uncompressed_wire_bytes"] + s["exact_wire_bytes"]) / steps,
             **({} if self._warm is None else
