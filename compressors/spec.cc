@@ -1,5 +1,6 @@
 #include "compressors/spec.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -183,6 +184,53 @@ std::string CodecConfig::canonical() const {
     if (shown) add(k.name, format_value(k, values[i]));
   }
   if (!d.lossless && !ef) add("ef", "off");
+  return out;
+}
+
+namespace {
+// "key=value" items of a spec's key list (after its ':'), trimmed, checked for the '='.
+std::vector<std::pair<std::string, std::string>> key_items(std::string_view spec, std::string_view list) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::string_view item : split(list, ',')) {
+    if (trim(item).empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos)
+      GZ_THROW(InvalidArgument, "codec spec '", spec, "': expected key=value, got '", item, "'");
+    out.emplace_back(std::string(trim(item.substr(0, eq))), std::string(trim(item.substr(eq + 1))));
+  }
+  return out;
+}
+}  // namespace
+
+std::string respec(std::string_view spec_in, std::string_view changes) {
+  (void)parse_spec(spec_in);  // the spec itself is valid, duplicate keys included
+  const std::string_view spec = trim(spec_in);
+  const auto colon = spec.find(':');
+  auto items = colon == std::string_view::npos ? std::vector<std::pair<std::string, std::string>>{}
+                                                : key_items(spec, spec.substr(colon + 1));
+  for (auto& [key, value] : key_items(changes, changes)) {
+    auto it = std::find_if(items.begin(), items.end(), [&](const auto& kv) { return kv.first == key; });
+    if (it != items.end())
+      it->second = value;
+    else
+      items.emplace_back(key, value);
+  }
+  std::string out(trim(spec.substr(0, colon)));
+  const char* sep = ":";
+  for (const auto& [key, value] : items) {
+    out.append(sep).append(key).append("=").append(value);
+    sep = ",";
+  }
+  return parse_spec(out).canonical();
+}
+
+std::vector<std::string> spec_keys(std::string_view spec_in) {
+  (void)parse_spec(spec_in);
+  const std::string_view spec = trim(spec_in);
+  const auto colon = spec.find(':');
+  std::vector<std::string> out;
+  if (colon != std::string_view::npos)
+    for (auto& kv : key_items(spec, spec.substr(colon + 1))) out.push_back(std::move(kv.first));
   return out;
 }
 

@@ -38,6 +38,16 @@ struct CodecConfig {
 /// Parses one spec string; throws InvalidArgument naming the valid choices.
 CodecConfig parse_spec(std::string_view spec);
 
+/// `spec` with some keys set to other values: `changes` is "key=value,..."
+/// (ef included). Returns the canonical spec; throws InvalidArgument as
+/// parse_spec does, for `spec` itself and for the result. The one way to edit
+/// a spec: the grammar stays here ("topk:density=0.01" + "density=0.05" ->
+/// "topk:density=0.05").
+std::string respec(std::string_view spec, std::string_view changes);
+/// The keys `spec` writes (ef included), in its order, after checking it:
+/// "onebit:ef=off" -> {"ef"}; what the caller chose rather than a default.
+std::vector<std::string> spec_keys(std::string_view spec);
+
 /// Splits a comma-separated list of specs ("none,fp16,topk:density=0.01,ef=off")
 /// into specs: an element with '=' and no ':' continues the previous spec.
 std::vector<std::string> split_spec_list(std::string_view list);

@@ -197,6 +197,11 @@ NB_MODULE(_core, m) {
   m.def("canonical_spec", [](std::string_view spec) { return gz::parse_spec(spec).canonical(); }, nb::arg("spec"),
         "Parses a codec spec string ('name[:key=value,...]') and returns its canonical form.\n\n"
         "Raises InvalidArgument naming the valid codecs or keys.");
+  m.def("respec", &gz::respec, nb::arg("spec"), nb::arg("changes"),
+        "`spec` with keys set to other values ('key=value,...', ef included), canonical:\n"
+        "respec('topk:density=0.01', 'density=0.05') -> 'topk:density=0.05'. The one way to edit a spec.");
+  m.def("spec_keys", &gz::spec_keys, nb::arg("spec"),
+        "The keys a spec writes, in its order (ef included): what the caller chose rather than a default.");
   m.def("split_spec_list", &gz::split_spec_list, nb::arg("specs"),
         "Splits a comma-separated list of specs: 'none,fp16,topk:density=0.01,ef=off' -> "
         "['none', 'fp16', 'topk:density=0.01,ef=off'].");

@@ -180,5 +180,24 @@ TEST(Spec, ExpandsGridsAsWrittenWithTheSameChecks) {
     EXPECT_THROW(expand_spec_grid_as_written(bad), InvalidArgument) << bad;
 }
 
+TEST(Spec, RespecSetsKeysAndReturnsTheCanonicalSpec) {
+  EXPECT_EQ(respec("topk:density=0.01", "density=0.05"), "topk:density=0.05");
+  EXPECT_EQ(respec("onebit", "block=128"), "onebit:block=128");
+  EXPECT_EQ(respec("onebit:block=512,ef=off", "block=128"), "onebit:block=128,ef=off");
+  EXPECT_EQ(respec("onebit:block=128", "ef=off"), "onebit:block=128,ef=off");
+  EXPECT_EQ(respec("qsgd:bits=4", "ef=on"), "qsgd:bits=4,bucket=512");  // on is the default: not shown
+  EXPECT_EQ(respec("fp16", ""), "fp16");
+  // The grammar's checks apply to the spec, the changes and the result.
+  for (auto [spec, changes] : {std::pair{"onebit", "block=0"}, {"onebit", "density=0.1"}, {"zstd", "a=1"},
+                               {"onebit:block=1,block=2", "block=3"}, {"onebit", "block"}, {"none", "ef=on"}})
+    EXPECT_THROW(respec(spec, changes), InvalidArgument) << spec << " + " << changes;
+}
+
+TEST(Spec, SpecKeysAreTheKeysTheCallerWrote) {
+  EXPECT_EQ(spec_keys("onebit"), std::vector<std::string>{});
+  EXPECT_EQ(spec_keys("onebit:ef=off, block=128"), (std::vector<std::string>{"ef", "block"}));
+  EXPECT_THROW(spec_keys("onebit:blok=1"), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace gz

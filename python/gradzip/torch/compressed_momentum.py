@@ -884,6 +884,6 @@ def _topk_density(codec: Codec) -> Optional[float]:
 
 def _with_density(spec: str, density: float) -> str:
     """`spec` (a canonical topk spec with a density) with another density, canonical."""
-    name, _, opts = spec.partition(":")
-    items = [f"density={density:.6g}" if i.startswith("density=") else i for i in opts.split(",")]
-    return Codec(f"{name}:{','.join(items)}").spec
+    from .. import _core
+
+    return _core.respec(spec, f"density={density:.6g}")

@@ -4,7 +4,6 @@
 # the hook's annotations and needs the real dist.GradBucket / Future types.
 import logging
 import math
-import re
 import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -185,6 +184,7 @@ class CompressionState:
         "_given_codec",  # the codec as built, before the adaptive defaults
         "_ef_given",  # the codec's error feedback was chosen by the caller
         "_block_given",  # onebit's block size was chosen by the caller
+        "_codec_arg",  # the codec argument as given (a spec string or a Codec), for pickling
         "_given_server",
         # Internal state.
         "_world_size",  # 0 until the first hook call binds the state
@@ -258,8 +258,11 @@ class CompressionState:
         # Canonical, so that ranks compare equal and a bad spec fails here.
         self.server_codec = None if server_codec is None else Codec(server_codec).spec
         self._given_codec, self._given_server = self.codec, self.server_codec
-        self._ef_given = not isinstance(codec, str) or "ef=" in codec.replace(" ", "")
-        self._block_given = not isinstance(codec, str) or "block=" in codec.replace(" ", "")
+        # What the caller chose, rather than left to the hook (C++ reads the spec: _core.spec_keys).
+        given = None if not isinstance(codec, str) else _core.spec_keys(codec)
+        self._ef_given = given is None or "ef" in given
+        self._block_given = given is None or "block" in given
+        self._codec_arg = codec  # pickled as given: the string as written, or the Codec
         self.adaptive = adaptive
         self.warmup_until = None if warmup_until is None else float(warmup_until)
         self.warmup_patience, self.warmup_max = warmup_patience, warmup_max
@@ -478,12 +481,8 @@ class CompressionState:
         if self.process_group is not None:
             raise TypeError("a CompressionState with an explicit process_group cannot be pickled (a process "
                             "group cannot be); use the default group, or build the state in each rank")
-        spec = self._given_codec.spec
-        if not self._block_given:  # keep "the block is the hook's to choose" (canonical specs name it)
-            spec = re.sub(r"(?<=[:,])block=\d+,?", "", spec).rstrip(":,")
-        if self._ef_given and "ef=" not in spec:  # keep "the caller chose the error feedback" through the pickle
-            spec += ("," if ":" in spec else ":") + "ef=on"
-        return {"codec": spec, "warmup_steps": self.warmup_steps, "transport": self.transport,
+        # The argument as given keeps "the block and the error feedback are the hook's to choose" (or not).
+        return {"codec": self._codec_arg, "warmup_steps": self.warmup_steps, "transport": self.transport,
                 "algorithm": self.algorithm, "server_codec": self._given_server, "exact_below": self.exact_below,
                 "adaptive": self.adaptive, "warmup_until": self.warmup_until,
                 "warmup_patience": self.warmup_patience, "warmup_max": self.warmup_max,
@@ -561,9 +560,9 @@ class CompressionState:
             _quality.warn_adaptive(codec.spec, codec.name)
         if adaptive and codec.name in _ADAPTIVE_CODECS:
             if codec.error_feedback and not self._ef_given:
-                codec = Codec(codec.spec + ("," if ":" in codec.spec else ":") + "ef=off")
+                codec = Codec(_core.respec(codec.spec, "ef=off"))
             if codec.name == "onebit" and not self._block_given:
-                codec = Codec(re.sub(r"\bblock=\d+", f"block={_ADAPTIVE_ONEBIT_BLOCK}", codec.spec))
+                codec = Codec(_core.respec(codec.spec, f"block={_ADAPTIVE_ONEBIT_BLOCK}"))
             if server is None and codec.name == "onebit":
                 server = Codec(_ADAPTIVE_ONEBIT_SERVER).spec
         self.codec, self.server_codec = codec, server
@@ -660,7 +659,7 @@ class CompressionState:
         if on and self.codec.name == "onebit" and not self._block_given:
             # With the correction, onebit's blocks of 512 still lost up to 2.5 points at 8 ranks on digits;
             # blocks of 128 held fp32's accuracy at 8 and 16 ranks (BENCHMARKS.md section 11).
-            self.codec = Codec(re.sub(r"\bblock=\d+", f"block={_SGD_ONEBIT_BLOCK}", self.codec.spec))
+            self.codec = Codec(_core.respec(self.codec.spec, f"block={_SGD_ONEBIT_BLOCK}"))
 
     def _warming(self, bucket: dist.GradBucket) -> bool:
         """Whether this step is a warm-up step (fp32 allreduce). With
