@@ -181,3 +181,35 @@ def shared_stats(rank: int, world: int) -> Dict[str, Any]:
     out["BlockMomentum"] = bm.compression_stats()
     out["elements"] = sum(p.numel() for p in model.parameters())
     return out
+
+
+def fsdp_one_copy(rank: int, world: int) -> Dict[str, Any]:
+    """FSDP2's gradzip state from rank 0 restored on every rank: no rank
+    raises; every rank warns once and drops its residuals; with each rank's
+    own state the run is bit-identical to the uninterrupted one."""
+    from fsdp_workers import sharded, train
+    from gradzip.torch import fsdp as gz_fsdp
+
+    def fresh() -> Any:
+        model = sharded()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), \
+            gz_fsdp.register(model, codec="onebit")
+
+    model, opt, state = fresh()
+    train(model, opt, rank, range(3))
+    ckpt = copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict(), "gradzip": state.state_dict()})
+    rank0 = [ckpt["gradzip"]]
+    dist.broadcast_object_list(rank0, src=0)
+    train(model, opt, rank, range(3, 6))
+    straight = [p.to_local().clone() for p in model.parameters()]
+    out: Dict[str, Any] = {}
+    for name, gz_state in (("own", ckpt["gradzip"]), ("one_copy", rank0[0])):
+        m, o, s = fresh()
+        m.load_state_dict(ckpt["model"])
+        o.load_state_dict(copy.deepcopy(ckpt["optim"]))
+        s.load_state_dict(copy.deepcopy(gz_state))
+        out[f"{name}_warned"] = _warnings_of(lambda: train(m, o, rank, range(3, 6)))
+        params = [p.to_local() for p in m.parameters()]
+        out[f"{name}_equal"] = all(torch.equal(a, b) for a, b in zip(straight, params))
+        out[f"{name}_identical"] = same_on_all_ranks(torch.cat([p.full_tensor().reshape(-1) for p in m.parameters()]))
+    return out

@@ -64,3 +64,10 @@ def test_a_hostile_rank_file_fails_every_rank_alike(tmp_path, case: str, says: s
 def test_torch_distributed_checkpoint_keeps_every_ranks_state(tmp_path) -> None:
     for r in run_ranks(w.dcp_round_trip, 2, str(tmp_path)):
         assert r["warned"] == [] and r["equals_uninterrupted"] and r["identical"]
+
+
+def test_fsdp_restored_from_one_copy_warns_and_stays_alike() -> None:
+    for r in run_ranks(w.fsdp_one_copy, 2):
+        assert r["own_equal"] and r["own_warned"] == [] and r["own_identical"]
+        assert not r["one_copy_equal"] and r["one_copy_identical"]
+        assert len(r["one_copy_warned"]) == 1 and "FSDP reduce-scatter" in r["one_copy_warned"][0]

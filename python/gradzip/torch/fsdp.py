@@ -45,9 +45,9 @@ import torch.distributed as dist
 # The interface set_custom_reduce_scatter takes; torch exports it nowhere public.
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
-from .. import InvalidArgument
+from .. import InvalidArgument, _core
 from ..codec import Codec
-from . import _agreement, _filters, _stats, _torch_transport
+from . import _agreement, _filters, _resume, _stats, _torch_transport
 
 __all__ = ["CompressedReduceScatter", "FSDPCompressionState", "register"]
 
@@ -95,7 +95,7 @@ class FSDPCompressionState:
     """
 
     __slots__ = ("codec", "timeout", "exact_below", "_efs", "_splits", "_comms", "_stats",
-                 "_world_size", "_agreed_ops")
+                 "_world_size", "_agreed_ops", "_resume", "_rank")
 
     def __init__(self, codec: Union[str, Codec] = "onebit", timeout: Optional[float] = None,
                  exact_below: Optional[int] = None) -> None:
@@ -111,6 +111,8 @@ class FSDPCompressionState:
         self._world_size: Optional[int] = None
         self._agreed_ops: Dict[str, Any] = {}  # FSDP module name -> (op, factor) the ranks agreed on
         self._stats = _new_stats()
+        self._resume = _resume.Resume()  # whose residuals were restored (_resume.py)
+        self._rank: Optional[int] = None  # this rank in the reduce-scatter's group, once it ran
 
     def compression_stats(self) -> Dict[str, float]:
         """This rank's reduce-scatter traffic since construction (or the restored
@@ -134,6 +136,7 @@ class FSDPCompressionState:
             "codec": self.codec.spec,
             "exact_below": self.exact_below,
             "world_size": self._world_size,
+            "saved_by": _resume.saved_by(self._rank, self._world_size),
             "groups": {name: ef.state_dict() for name, ef in self._efs.items()},
             "stats": dict(self._stats),
         }
@@ -157,6 +160,7 @@ class FSDPCompressionState:
                              f"has {self.exact_below!r}")
         from .. import ErrorFeedback
 
+        stamp = _resume.checked_stamp(state)
         groups, world, stats = state.get("groups"), state.get("world_size"), state.get("stats", {})
         if not isinstance(groups, dict) or any(not isinstance(k, str) for k in groups):
             raise ValueError("the state_dict's 'groups' must map FSDP module names to error feedback state_dicts")
@@ -171,7 +175,12 @@ class FSDPCompressionState:
             ef.load_state_dict(saved)  # InvalidArgument (a ValueError) when malformed
             efs[name] = ef
         self._efs = efs
-        self._world_size = world
+        # Another rank's or world size's residuals (a checkpointer that keeps one copy): dropped at the
+        # first reduce-scatter by every rank alike (_resume.py).
+        bound = self._rank is not None and self._world_size is not None
+        self._resume.loaded(stamp, world, self._rank if bound else None, self._world_size if bound else None)
+        if not bound:
+            self._world_size = world
         self._stats = _new_stats()
         self._stats.update(stats)
 
@@ -202,16 +211,24 @@ class FSDPCompressionState:
         if output.dtype != input.dtype:
             raise ValueError(f"reduce-scatter output is {output.dtype}, input {input.dtype}")
         comm = self._communicator(group)
-        if self._agreed_ops.get(name) != (kind, factor):
+        if self._agreed_ops.get(name) != (kind, factor) or not self._resume.settled:
             # The factor is applied here, after the C++ collective (which
             # agrees on the rest): the ranks compare it at the group's first
-            # reduce-scatter, and again whenever it changes.
-            _agreement.agree(group, [("FSDP module", name or "(root)"), ("reduce op", kind),
-                                     ("gradient divide factor", "none" if factor is None else repr(factor)),
-                                     ("exact_below", repr(self.exact_below))],
-                             "fsdp", "the FSDP reduce-scatter's agreement",
-                             "gradzip FSDP reduce-scatter: the ranks reduce differently (every rank must use the "
-                             "same reduce op, gradient divide factor and exact_below):", self.timeout)
+            # reduce-scatter, and again whenever it changes; after a start or
+            # a restore, whose residuals each rank restored too (_resume.py).
+            error = None
+            try:
+                _agreement.agree(group, [("FSDP module", name or "(root)"), ("reduce op", kind),
+                                         ("gradient divide factor", "none" if factor is None else repr(factor)),
+                                         ("exact_below", repr(self.exact_below)), *self._resume.fields()],
+                                 "fsdp", "the FSDP reduce-scatter's agreement",
+                                 "gradzip FSDP reduce-scatter: the ranks reduce differently (every rank must use the "
+                                 "same reduce op, gradient divide factor and exact_below, and restore its state on "
+                                 "all ranks or none):", self.timeout)
+            except _core.InvalidArgument as e:
+                error = e
+            if self._resume.judge(error, "FSDP reduce-scatter"):
+                self._efs = {}
             self._agreed_ops[name] = (kind, factor)
         n = input.numel()
         split = self._split(name, layout, n // comm.size) if n % comm.size == 0 else None
@@ -293,9 +310,8 @@ class FSDPCompressionState:
         entry = self._comms.get(id(group))
         if entry is None:
             size = dist.get_world_size(group)
-            if self._world_size is not None and self._world_size != size:
-                raise ValueError(f"this state was saved with world_size={self._world_size}, FSDP reduces over "
-                                 f"{size} ranks")
+            self._rank = dist.get_rank(group)
+            self._resume.bind(self._rank, size)  # a restore before: this rank's own, or not (_resume.py)
             self._world_size = size
             comm = _torch_transport.connect(group, None, self.timeout)
             logger.info("gradzip FSDP reduce-scatter: codec=%s world_size=%d", self.codec.spec, size)
