@@ -213,3 +213,45 @@ def fsdp_one_copy(rank: int, world: int) -> Dict[str, Any]:
         out[f"{name}_equal"] = all(torch.equal(a, b) for a, b in zip(straight, params))
         out[f"{name}_identical"] = same_on_all_ranks(torch.cat([p.full_tensor().reshape(-1) for p in m.parameters()]))
     return out
+
+
+def bmuf_one_copy(rank: int, world: int) -> Dict[str, Any]:
+    """BlockMomentum restored from rank 0's state on every rank (W, Delta and
+    the counters are every rank's; the residuals are rank 0's): no rank
+    raises; every rank warns once and starts its residuals fresh; each rank's
+    own state resumes bit-identically."""
+    from gradzip.torch import BlockMomentum
+
+    def fresh() -> Any:
+        model = make_model()
+        local = torch.optim.SGD(model.parameters(), lr=0.1)
+        return model, BlockMomentum(model, local, block_steps=2, codec="onebit")
+
+    def train(model: Any, bm: Any, steps: range) -> None:
+        for step in steps:
+            x, y = batch(step, rank)
+            bm.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            bm.step()
+
+    model, bm = fresh()
+    train(model, bm, range(4))
+    saved = copy.deepcopy({"model": model.state_dict(), "bm": bm.state_dict()})
+    rank0 = [saved["bm"]]
+    dist.broadcast_object_list(rank0, src=0)
+    train(model, bm, range(4, 8))
+    bm.sync()
+    straight = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    out: Dict[str, Any] = {}
+    for name, state in (("own", saved["bm"]), ("one_copy", rank0[0])):
+        m, b = fresh()
+        m.load_state_dict(saved["model"])
+        out[f"{name}_warned"] = _warnings_of(lambda: b.load_state_dict(copy.deepcopy(state)))
+        train(m, b, range(4, 8))
+        b.sync()
+        params = torch.nn.utils.parameters_to_vector(m.parameters()).detach()
+        out[f"{name}_equal"] = torch.equal(params, straight)
+        with b.global_model():
+            out[f"{name}_identical"] = same_on_all_ranks(
+                torch.nn.utils.parameters_to_vector(m.parameters()).detach().clone())
+    return out

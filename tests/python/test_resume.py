@@ -71,3 +71,10 @@ def test_fsdp_restored_from_one_copy_warns_and_stays_alike() -> None:
         assert r["own_equal"] and r["own_warned"] == [] and r["own_identical"]
         assert not r["one_copy_equal"] and r["one_copy_identical"]
         assert len(r["one_copy_warned"]) == 1 and "FSDP reduce-scatter" in r["one_copy_warned"][0]
+
+
+def test_block_momentum_restored_from_one_copy_warns_and_stays_alike() -> None:
+    for r in run_ranks(w.bmuf_one_copy, 2):
+        assert r["own_warned"] == [] and r["own_equal"] and r["own_identical"]
+        assert not r["one_copy_equal"] and r["one_copy_identical"]
+        assert len(r["one_copy_warned"]) == 1 and "BlockMomentum" in r["one_copy_warned"][0]

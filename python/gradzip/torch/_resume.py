@@ -145,7 +145,7 @@ class Resume:
         self.settled = True
         drop = error is not None or self.status == FOREIGN
         if drop:
-            self._warn(who, "" if error is None else _report(str(error)))
+            self.warn(who, "" if error is None else _report(str(error)))
         self.status = OWN if self.status != FRESH else FRESH  # from here on: this rank's own state
         return drop
 
@@ -163,7 +163,9 @@ class Resume:
             return self.judge(e, who)
         return self.judge(None, who)
 
-    def _warn(self, who: str, report: str) -> None:
+    def warn(self, who: str, report: str) -> None:
+        """The warning of a drop, once per state: what this rank restored, and
+        `report` (the agreement's lines, which name every rank's)."""
         if self.warned:
             return
         self.warned = True

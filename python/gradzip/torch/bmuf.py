@@ -19,7 +19,7 @@ import torch
 
 from .. import _core
 from ..codec import Codec
-from . import _block_exchange, _filters, _quality, _stats, _transports
+from . import _block_exchange, _filters, _quality, _resume, _stats, _transports
 
 __all__ = ["BlockMomentum"]
 
@@ -431,6 +431,7 @@ class BlockMomentum:
             "local_steps": self._local_steps,
             "steps": self._steps,
             "error_feedback": self._exchange.state_dict(),
+            "saved_by": _resume.saved_by(self._exchange.comm.rank, self._exchange.comm.size),
             "stats": dict(self._stats),
             "local_optimizer": self.local_optimizer.state_dict(),
         }
@@ -471,6 +472,21 @@ class BlockMomentum:
             raise
         if problem is not None:
             raise problem
+        # Another rank's or world size's error feedback (a checkpointer that keeps one copy): W, Delta and the
+        # counters are the same on every rank, the residuals are not. Every rank drops its own too (_resume.py).
+        comm = self._exchange.comm
+        resume = _resume.Resume()
+        resume.loaded(checked["saved_by"], None, comm.rank, comm.size)
+        drop, report = resume.status == _resume.FOREIGN, ""
+        try:
+            self._exchange.agree("restored error feedback", {"error feedback": resume.describe()},
+                                 self._global.device)
+        except ValueError as e:  # raised on every rank alike
+            drop, report = True, str(e)
+        if drop:
+            resume.warn("BlockMomentum", report)
+            checked["error_feedback"] = self._exchange.checked_states(
+                [{"version": 2, "role": None}] * len(checked["error_feedback"]))
         saved = state["hyperparameters"]
         now = {"block_steps": self.block_steps, "block_momentum": self.block_momentum, "block_lr": self.block_lr,
                "sync_steps": self.sync_steps}
@@ -532,6 +548,7 @@ class BlockMomentum:
         if not isinstance(state["error_feedback"], list):
             raise ValueError("the state_dict's error_feedback is not a list")
         out["error_feedback"] = self._exchange.checked_states(state["error_feedback"])
+        out["saved_by"] = _resume.checked_stamp(state)
         return out
 
     def close(self) -> None:
