@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 import gradzip
-from gradzip.experiments import _tta, lm
+from gradzip.experiments import lm
+from gradzip.experiments.lm import _tta
 from gradzip.sweep._registry import find_program
 
 

@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import lm
+from .lm import _core as lm
 
 LARGE = 1 << 16  # elements: the calls the 5% target is about
 

@@ -16,7 +16,6 @@ import importlib.util
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ._grid import LOCAL, Point, fp32_link_bound_s, link_rate_bps
+from ._process import stop as _stop
 from ._registry import CHECKOUT, PROGRAMS, find_program
 from ._results import Results
 
@@ -232,19 +232,6 @@ def _rows(path: str, offset: int) -> tuple[list[dict[str, Any]], int]:
     end = data.rfind(b"\n") + 1
     rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
     return rows, offset + end
-
-
-def _stop(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
-    """SIGTERM to the subprocess (gradzip-run forwards it and tears down), then
-    SIGKILL to its whole session after the grace period."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def run_group(group: Group, log_path: Path, on_row: Callable[[Point, dict[str, Any]], None]) -> str | None:

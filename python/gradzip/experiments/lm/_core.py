@@ -1,87 +1,7 @@
-"""Training quality at high compression on a transformer: a small GPT-style
-character-level language model, trained with AdamW on real text, on several
-CPU ranks over gloo. Every method starts from the same weights and sees the
-same batches; what differs is how the ranks exchange what they learned. The
-measure is the validation loss (nats per character) of the model every rank
-holds, at equal steps, against plain fp32 DDP, and the bytes each rank put on
-the wire over the whole run (warm-up steps included).
-
-The text: the license texts of Debian's ``base-files`` package
-(/usr/share/common-licenses: GPL, LGPL, GFDL, Apache, Artistic, MPL, BSD,
-CC0; about 240 kB, on every Debian and Ubuntu machine, unchanged for years),
-each file split 90/10 into training and validation text. Where that folder
-is missing, the text of Python's own reference (``pydoc_data.topics``, in
-every CPython) stands in, and the run says so (``text`` in the JSON).
-
-Methods (compared with fp32):
-
-    fp32                     DDP without a hook (ring allreduce of fp32)
-    torch-bf16               torch's bf16_compress_hook
-    torch-fp16               torch's fp16_compress_hook
-    <gradzip spec>           gradzip's DDP hook with its defaults, e.g. onebit, topk:density=0.01
-    <spec>@hook:k=v,...      the hook with options: warmup=N (fixed warm-up steps),
-                             algorithm=..., server=<spec>, exact=N|off|auto (layer filter),
-                             adaptive=auto|on|off (the hook's defaults for Adam; auto: seen),
-                             pre=auto|on|off (compress in the optimizer's units: precondition),
-                             until=TOL,patience=K,wmax=N (a warm-up that ends on a measured
-                             criterion: CompressionState's warmup_until; warmup=N is then its minimum)
-    <spec>@cm[:k=v,...]      compressed momentum (gradzip.torch.CompressedAdamW: the 1-bit
-                             Adam / 0/1 Adam family): options warmup=N (max full-precision
-                             steps), min=N, tol=X (the variance criterion), server=<spec>,
-                             wcodec=<spec> (the warm-up's gradient codec; none: fp32;
-                             '+' for ',' inside it: fp8:block=32+ef=off),
-                             refresh=R (variance refreshes R, 3R, 7R, ... steps after),
-                             mode=innovation (send the change of each rank's own momentum,
-                             EF21 / LoCo style), mode=update (send each rank's Adam step with
-                             error feedback: DGC's momentum correction; mask=1 adds factor
-                             masking, lvar=1 each rank's own variance, never frozen);
-                             default mode=momentum,
-                             sw=N,sws=X,stages=K (DGC's sparsity warm-up: top-k's density from
-                             X, default 0.25, down to the codec's over the first N compressed
-                             steps in K stages, default 4), clip=X (DGC's local gradient clipping)
-    backend                  DDP without a hook over the gradzip process-group backend with its
-                             default policy (gradzip.torch.backend.Policy()): a group made by
-                             dist.new_group(backend="gradzip"); the wire bytes are the group's
-                             compression_stats(), plus fp32 ring bytes for every gradient element
-                             it kept exact (below the policy's min_elements)
-    <spec>@backend[:min=N]   the same with Policy(<spec>, min_elements=N)
-    <spec>@bmuf:h=H[,...]    no DDP: block momentum (gradzip.torch.BlockMomentum) around
-                             AdamW, options as in the digits experiment (mu, lr, sync,
-                             nesterov, ...) and: eval=ahead (evaluate the look-ahead
-                             W + mu * Delta, DiLoCo's outer parameters, instead of W),
-                             lrto=X (block_lr moves linearly from lr to X over the run),
-                             hlate=S:H (blocks of H steps from step S on), exact=N|off (the
-                             layer filter: BlockMomentum's exact_below, as @hook:exact=)
-
-    python -m gradzip.experiments.lm --ranks 4 --methods fp32,onebit,onebit@cm --plot lm.png
-
-Time to accuracy over emulated links (_tta.py; root): --link RATE[,DELAY]
-(repeatable) runs every method and seed as one job of ``gradzip-run -n RANKS
---link RATE -- python -m gradzip.experiments.lm --launched ...`` per link
-(--link local: gradzip-run without emulated links). Each job first times
---exchange-steps steps of fp32 DDP with and without its gradient exchange
-(DDP's no_sync): the share of fp32's step the link takes. Rank 0 records its
-training seconds at every --eval-every evaluation (the clock paused while
-evaluating); the report gives, per link and method, the seconds to fp32
-DDP's final validation loss (same seed; the first evaluation at or below it,
-else "not reached"), the speedup against fp32's own, the final loss and the
-wire bytes, warm-ups included. --json holds every curve as (step, seconds,
-loss), --plot draws the loss against the seconds (a panel per link), and
---exchange-only measures only the exchange share. Without --methods:
-fp32, torch-fp16, backend, onebit (the hook's defaults), onebit@cm.
---device cuda and --width/--layers/--heads/--context size the run for a GPU.
-
-    python -m gradzip.experiments.lm --exchange-only --link 100mbit --link 50mbit --link 25mbit
-    python -m gradzip.experiments.lm --link 100mbit --link 25mbit --eval-every 10 \
-        --json tta.json --markdown tta.md --plot tta.png
-
-Runs are deterministic given the seed (the same losses on a loaded machine);
-wall times are not.
-"""
+"""The LM experiment's model, data, methods and training (the package doc: gradzip.experiments.lm)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -91,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import _backend_method
+from .. import _backend_method
 
 DEFAULT_METHODS = ["fp32", "torch-bf16", "onebit", "topk:density=0.01", "onebit@cm"]
 
@@ -300,7 +220,7 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
     dense = 4.0 * sum(q.numel() for q in net.parameters())
     ring = 2.0 * (p - 1) / p
     if "@bmuf" in method:
-        from ._digits_bmuf import parse
+        from .._digits_bmuf import parse
         from gradzip.torch import BlockMomentum
 
         head, _, opts = method.partition("@bmuf:")
@@ -386,7 +306,7 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
     if method == "torch-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return Method(ddp, opt, lambda steps: ring * dense / 2 * steps)
-    from ._digits_bmuf import exact_below_of
+    from .._digits_bmuf import exact_below_of
 
     spec, opts = _options(method, "hook")
     kw = {}
@@ -518,7 +438,7 @@ def _train_all(methods: Sequence[str], seeds: Sequence[int], settings: Settings)
 
 def _worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Sequence[int],
             settings: Settings, out_path: str) -> None:
-    from .digits import Settings as DigitsSettings, _in_group
+    from ..digits import Settings as DigitsSettings, _in_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ranks),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks))
@@ -533,28 +453,9 @@ def run(methods: Sequence[str], seeds: Sequence[int] = (0,), ranks: int = 4, set
         timeout: float = 3600.0) -> List[Dict[str, Any]]:
     """Trains every method with every seed on `ranks` local CPU processes; one
     dict per (seed, method) (the fields of :class:`Result`)."""
-    from .digits import _run_ranks
+    from ..digits import _run_ranks
 
     return _run_ranks(_worker, "lm", ranks, methods, seeds, settings or Settings(), timeout)
-
-
-def run_launched(methods: Sequence[str], seeds: Sequence[int], settings: Settings,
-                 exchange_steps: int = 0) -> Optional[Dict[str, Any]]:
-    """Like :func:`run`, as one rank of a job that a launcher started (gradzip-run,
-    torchrun: rendezvous from the environment), e.g. on gradzip-run's emulated links.
-    exchange_steps > 0 first measures fp32 DDP's exchange fraction there
-    (_tta.exchange_fraction). Returns {"results", "exchange"} on rank 0, None on the others."""
-    from . import _tta
-    from .digits import Settings as DigitsSettings, _in_group
-
-    rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-
-    def body() -> Dict[str, Any]:
-        exchange = _tta.exchange_fraction(Corpus(settings), settings, exchange_steps) if exchange_steps else None
-        return {"results": _train_all(methods, seeds, settings) if methods else [], "exchange": exchange}
-
-    out = _in_group(rank, ranks, DigitsSettings(threads_per_rank=settings.threads_per_rank), body)
-    return out if rank == 0 else None
 
 
 def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -651,79 +552,8 @@ def split_methods(text_: str) -> List[str]:
     return out
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--methods", help=f"default: {','.join(DEFAULT_METHODS)}; with --link: fp32, torch-fp16, "
-                                      "backend, onebit, onebit@cm")
-    ap.add_argument("--steps", type=int, default=Settings.steps)
-    ap.add_argument("--batch", type=int, default=Settings.batch_per_rank, help="sequences per rank per step")
-    ap.add_argument("--width", type=int, default=Settings.width, help="model width (64: 0.21M parameters, 96: 0.46M)")
-    ap.add_argument("--layers", type=int, default=Settings.layers)
-    ap.add_argument("--heads", type=int, default=Settings.heads)
-    ap.add_argument("--context", type=int, default=Settings.context, help="characters per sequence")
-    ap.add_argument("--device", default=Settings.device, help="cpu, or cuda (every rank on its current GPU)")
-    ap.add_argument("--eval-every", type=int, default=Settings.eval_every)
-    ap.add_argument("--json", help="write the per-run results (with curves) and the summary here")
-    ap.add_argument("--markdown", help="write the table here")
-    ap.add_argument("--plot", help="write the validation-loss curves here (PNG; needs matplotlib)")
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds (with --link: per link)")
-    tta = ap.add_argument_group("time to accuracy over emulated links (_tta.py)")
-    tta.add_argument("--link", action="append",
-                     help="train under gradzip-run -n RANKS --link RATE[,DELAY] (root), one job per --link "
-                          "(repeatable); 'local': gradzip-run without emulated links")
-    tta.add_argument("--exchange-steps", type=int, default=20,
-                     help="with --link: steps of fp32 DDP timed with and without its exchange (0: none)")
-    tta.add_argument("--exchange-only", action="store_true", help="with --link: only measure the exchange fraction")
-    tta.add_argument("--launched", action="store_true",
-                     help="be one rank of a job a launcher started (gradzip-run, torchrun); rank 0 writes --json")
-    return ap
-
-
-def settings_of(args: argparse.Namespace) -> Settings:
-    return Settings(steps=args.steps, batch_per_rank=args.batch, eval_every=args.eval_every, width=args.width,
-                    layers=args.layers, heads=args.heads, context=args.context, device=args.device)
-
-
 def settings_args(settings: Settings) -> List[str]:
     """The command-line flags that give `settings` back through settings_of (a launched rank's)."""
     return ["--steps", str(settings.steps), "--batch", str(settings.batch_per_rank), "--eval-every",
             str(settings.eval_every), "--width", str(settings.width), "--layers", str(settings.layers),
             "--heads", str(settings.heads), "--context", str(settings.context), "--device", settings.device]
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parser().parse_args(argv)
-    settings = settings_of(args)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    if args.launched:
-        if not args.json:
-            raise SystemExit("lm: --launched writes its results to --json; give one")
-        methods = [] if args.exchange_only else split_methods(args.methods or ",".join(DEFAULT_METHODS))
-        out = run_launched(methods, seeds, settings, args.exchange_steps)
-        if out is not None:
-            with open(args.json, "w") as f:
-                json.dump({"settings": asdict(settings), **out}, f)
-        return 0
-    if args.link:
-        from . import _tta
-
-        return _tta.main(args, settings, seeds)
-    results = run(split_methods(args.methods or ",".join(DEFAULT_METHODS)), seeds, args.ranks, settings, args.timeout)
-    rows = summarize(results)
-    table = markdown(rows, settings, seeds)
-    print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": asdict(settings), "results": results, "summary": rows}, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
-    if args.plot:
-        plot(results, args.plot)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

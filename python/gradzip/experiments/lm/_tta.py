@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import lm
+from . import _core as lm
 
 #: issue 33's methods: DDP, torch's fp16 hook, the backend's default policy, the hook's defaults, CompressedAdamW.
 TTA_METHODS = ["fp32", "torch-fp16", "backend", "onebit", "onebit@cm"]
@@ -183,13 +183,31 @@ def plot(links: List[Dict[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
+def run_launched(methods: Sequence[str], seeds: Sequence[int], settings: lm.Settings,
+                 exchange_steps: int = 0) -> Optional[Dict[str, Any]]:
+    """Like :func:`run`, as one rank of a job that a launcher started (gradzip-run,
+    torchrun: rendezvous from the environment), e.g. on gradzip-run's emulated links.
+    exchange_steps > 0 first measures fp32 DDP's exchange fraction there
+    (_tta.exchange_fraction). Returns {"results", "exchange"} on rank 0, None on the others."""
+    from ..digits import Settings as DigitsSettings, _in_group
+
+    rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+    def body() -> Dict[str, Any]:
+        exchange = exchange_fraction(lm.Corpus(settings), settings, exchange_steps) if exchange_steps else None
+        return {"results": lm._train_all(methods, seeds, settings) if methods else [], "exchange": exchange}
+
+    out = _in_group(rank, ranks, DigitsSettings(threads_per_rank=settings.threads_per_rank), body)
+    return out if rank == 0 else None
+
+
 # -- the jobs -------------------------------------------------------------------
 
 
 def launch(runner: str, link: str, methods: Sequence[str], seeds: Sequence[int], settings: lm.Settings,
            args: argparse.Namespace) -> Dict[str, Any]:
     """One gradzip-run job on `link`; returns rank 0's JSON ({"settings", "results", "exchange"})."""
-    from ..sweep._run import _stop
+    from ...sweep._process import stop as _stop
 
     with tempfile.TemporaryDirectory(prefix="gradzip-lm-") as tmp:
         out = os.path.join(tmp, "out.json")
@@ -218,7 +236,7 @@ def launch(runner: str, link: str, methods: Sequence[str], seeds: Sequence[int],
 
 def main(args: argparse.Namespace, settings: lm.Settings, seeds: Sequence[int]) -> int:
     """lm.py --link: one job per link, then the tables, the JSON and the plot."""
-    from ..sweep._registry import find_program
+    from ...sweep._registry import find_program
 
     methods = [] if args.exchange_only else lm.split_methods(args.methods or ",".join(TTA_METHODS))
     if methods and "fp32" not in methods:
