@@ -255,3 +255,21 @@ def bmuf_one_copy(rank: int, world: int) -> Dict[str, Any]:
             out[f"{name}_identical"] = same_on_all_ranks(
                 torch.nn.utils.parameters_to_vector(m.parameters()).detach().clone())
     return out
+
+
+def dcp_partial(rank: int, world: int, folder: str) -> Dict[str, Any]:
+    """A DCP checkpoint that lacks gradzip's entries (saved without them, or
+    by another world size), loaded with a partial-load planner: every rank
+    warns and continues fresh; nothing raises."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    job = Job()
+    job.train(2)
+    dcp.save({"model": job.model.state_dict()}, checkpoint_id=folder)
+    resumed = job.restarted()
+    sd = {"model": resumed.model.state_dict(), "gradzip": checkpoint.Stateful(resumed.state)}
+    warned = _warnings_of(lambda: dcp.load(sd, checkpoint_id=folder,
+                                           planner=DefaultLoadPlanner(allow_partial_load=True)))
+    resumed.train(2)
+    return {"warned": warned, "identical": same_on_all_ranks(resumed.params())}

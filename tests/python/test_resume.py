@@ -78,3 +78,9 @@ def test_block_momentum_restored_from_one_copy_warns_and_stays_alike() -> None:
         assert r["own_warned"] == [] and r["own_equal"] and r["own_identical"]
         assert not r["one_copy_equal"] and r["one_copy_identical"]
         assert len(r["one_copy_warned"]) == 1 and "BlockMomentum" in r["one_copy_warned"][0]
+
+
+def test_a_dcp_checkpoint_without_gradzip_warns_and_starts_fresh(tmp_path) -> None:
+    for r in run_ranks(w.dcp_partial, 2, str(tmp_path)):
+        assert r["identical"]
+        assert len(r["warned"]) == 1 and "nothing is restored" in r["warned"][0], r["warned"]
