@@ -69,12 +69,15 @@ def test_resume_through_the_stack_is_bit_identical(stack: str, entry: str, unint
 def test_the_hook_state_is_what_makes_it_identical(uninterrupted, tmp_path: Path) -> None:
     """The test above can fail: Trainer's own checkpoint without gradzip's
     files restarts the hook (step 0, warm-up again, no residuals) and ends
-    elsewhere, the ranks still alike."""
+    elsewhere, the ranks still alike; every rank warns that it restarted."""
     folder, full = uninterrupted("trainer", "hook")
-    plain, _ = run("trainer", "hook", "plain", resumed_copy(folder, tmp_path))
+    plain, out = run("trainer", "hook", "plain", resumed_copy(folder, tmp_path))
     assert plain[0] == plain[1]
     assert plain[0][0] != full[0][0]
     assert plain[0][1] == "step4"  # the hook saw only the resumed job's 4 steps
+    # ... and says so, once per rank: the optimizer Trainer restored holds state, the hook does not
+    assert out.count("RuntimeWarning: gradzip DDP hook: the optimizer already holds state at this process's "
+                     "first backward") == 2
 
 
 def test_one_copy_of_compressed_adamw_warns_on_every_rank(uninterrupted, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ optimizer's units".
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
@@ -122,10 +123,18 @@ def holding(params: Iterable[torch.Tensor]) -> Optional[Any]:
     """The live torch optimizer over every one of `params`, found by a walk of
     the heap (a restored run, whose optimizer has not stepped since: the step
     pre-hook has not seen it yet). None if there is none or more than one."""
-    want = {id(p) for p in params}
-    found = [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)
-             and want <= {id(p) for g in o.param_groups for p in g["params"]}]
+    found = over(params)
     return found[0] if len(found) == 1 else None
+
+
+def over(params: Iterable[torch.Tensor]) -> List[Any]:
+    """Every live torch optimizer over all of `params` (a stack's wrapper
+    around an optimizer is one too), by a walk of the heap."""
+    want = {id(p) for p in params}
+    with warnings.catch_warnings():  # the walk touches deprecated objects (torch.distributed.reduce_op)
+        warnings.simplefilter("ignore")
+        return [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)
+                and want <= {id(p) for g in o.param_groups for p in g["params"]}]
 
 
 class Watch:

@@ -4,6 +4,7 @@
 # the hook's annotations and needs the real dist.GradBucket / Future types.
 import logging
 import math
+import warnings
 import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -855,6 +856,8 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     if state._adaptive is None or state._precond is None:  # adaptive="auto" or the preconditioning: undecided
         state._decide(bucket)
     if not state._agreed:  # first call: every rank checks the others' settings before taking a branch
+        if not state._resume.settled and state._resume.status == _resume.FRESH:
+            _warn_if_resumed_without_state(bucket)
         error = None
         try:  # the settings, and after a start or a restore whose state each rank restored (_resume.py)
             _agreement.check(state, bucket)
@@ -903,6 +906,28 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         state._step += 1
         state._stats["steps"] += 1
     return fut
+
+
+def _warn_if_resumed_without_state(bucket: dist.GradBucket) -> None:
+    """A fresh hook whose optimizer already holds state (momentum, Adam's
+    moments) at the process's first backward: a run resumed from a checkpoint
+    that did not carry the hook's state (a stack's own checkpoint saves the
+    optimizer, never the hook). Says so once; the hook starts fresh."""
+    global _resumed_warned
+    if _resumed_warned:
+        return
+    if not any(opt.state for opt in _precondition.over(bucket.parameters())):
+        return
+    _resumed_warned = True
+    msg = ("gradzip DDP hook: the optimizer already holds state at this process's first backward, but the hook's "
+           "state is fresh: if this run resumed from a checkpoint, it did not carry gradzip's state, and the hook "
+           "restarts (step 0, warm-up, no residuals). gradzip.integrations (Trainer, Accelerate, Lightning) or "
+           "gradzip.torch.checkpoint carry it.")
+    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    logger.warning("%s", msg)
+
+
+_resumed_warned = False
 
 
 def _allreduce_dense(state: CompressionState, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
