@@ -208,12 +208,12 @@ std::string respec(std::string_view spec_in, std::string_view changes) {
   const auto colon = spec.find(':');
   auto items = colon == std::string_view::npos ? std::vector<std::pair<std::string, std::string>>{}
                                                 : key_items(spec, spec.substr(colon + 1));
-  for (auto& [key, value] : key_items(changes, changes)) {
-    auto it = std::find_if(items.begin(), items.end(), [&](const auto& kv) { return kv.first == key; });
+  for (const auto& change : key_items(changes, changes)) {
+    auto it = std::find_if(items.begin(), items.end(), [&](const auto& kv) { return kv.first == change.first; });
     if (it != items.end())
-      it->second = value;
+      it->second = change.second;
     else
-      items.emplace_back(key, value);
+      items.push_back(change);
   }
   std::string out(trim(spec.substr(0, colon)));
   const char* sep = ":";
