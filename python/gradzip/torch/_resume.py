@@ -146,22 +146,29 @@ class Resume:
         drop = error is not None or self.status == FOREIGN
         if drop:
             self.warn(who, "" if error is None else _report(str(error)))
-        self.status = OWN if self.status != FRESH else FRESH  # from here on: this rank's own state
+        if self.status != FRESH:
+            self.status = OWN  # from here on: this rank's own state
         return drop
 
-    def settle(self, agree: Agree, who: str) -> bool:
-        """The agreement of the first step after a start or a load, in a
-        round of its own (collective over the entry point's ranks), then
-        :meth:`judge`."""
-        if self.settled:
-            return False
+    def agreed(self, run: Callable[[], None], who: str) -> bool:
+        """Runs `run`, an agreement that holds :meth:`fields` among its own
+        (collective over the entry point's ranks), then :meth:`judge` on its
+        outcome: True when every rank must drop its per-rank state."""
         try:
-            agree(self.fields(), f"the {who} resume agreement",
-                  f"gradzip {who}: the ranks restored different checkpoints, or some ranks none (their steps, "
-                  "moments and settings now differ; restore on every rank or none):")
+            run()
         except _core.InvalidArgument as e:
             return self.judge(e, who)
         return self.judge(None, who)
+
+    def settle(self, agree: Agree, who: str) -> bool:
+        """The agreement of the first step after a start or a load, in a
+        round of its own (for entry points that run none at that step)."""
+        if self.settled:
+            return False
+        return self.agreed(lambda: agree(
+            self.fields(), f"the {who} resume agreement",
+            f"gradzip {who}: the ranks restored different checkpoints, or some ranks none (their steps, moments "
+            "and settings now differ; restore on every rank or none):"), who)
 
     def warn(self, who: str, report: str) -> None:
         """The warning of a drop, once per state: what this rank restored, and

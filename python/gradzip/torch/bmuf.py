@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from .. import _core
+from .. import ErrorFeedback, _core
 from ..codec import Codec
 from . import _block_exchange, _filters, _quality, _resume, _stats, _transports
 
@@ -485,8 +485,7 @@ class BlockMomentum:
             drop, report = True, str(e)
         if drop:
             resume.warn("BlockMomentum", report)
-            checked["error_feedback"] = self._exchange.checked_states(
-                [{"version": 2, "role": None}] * len(checked["error_feedback"]))
+            checked["error_feedback"] = [ErrorFeedback() for _ in checked["error_feedback"]]
         saved = state["hyperparameters"]
         now = {"block_steps": self.block_steps, "block_momentum": self.block_momentum, "block_lr": self.block_lr,
                "sync_steps": self.sync_steps}

@@ -141,14 +141,15 @@ def load(directory: str, *objects: Any, group: Any = None) -> bool:
     found = os.path.exists(path)
     return _restore(lambda: _read(path, os.path.basename(path), rank, world, objects) if found else None,
                     objects, group, f"gradzip.torch.checkpoint.load({os.fspath(directory)!r})",
-                    "" if found else "missing" + _others(os.fspath(directory), world))
+                    "missing" + ("" if found else _others(os.fspath(directory), world)))
 
 
 def _restore(read: Callable[[], Optional[List[Any]]], objects: Tuple[Any, ...], group: Any, where: str,
              missing: str) -> bool:
     """What :func:`load` and :class:`Stateful` share: this rank's states
-    (`read`: None when absent), then the ranks' agreement, then the restore."""
-    rank, world = _where(group)
+    (`read`: None when absent, then `missing` says so), then the ranks'
+    agreement, then the restore."""
+    world = _where(group)[1]
     states: Optional[List[Any]] = None
     problem = "none"
     try:
@@ -164,13 +165,13 @@ def _restore(read: Callable[[], Optional[List[Any]]], objects: Tuple[Any, ...], 
     if problem != "none":  # the same problem on every rank
         raise _core.InvalidArgument(f"{where}: {problem}")
     try:
-        agree([("rank file", "found" if states is not None else missing or "missing")], "")
+        agree([("rank file", "found" if states is not None else missing)], "")
         complete = states is not None
     except _core.InvalidArgument:
         complete = False
     if not complete:
         msg = (f"{where}: no gradzip state of world size {world} on some rank"
-               f"{'' if states is not None else ' (this one: ' + (missing or 'missing') + ')'}; nothing is "
+               f"{'' if states is not None else ' (this one: ' + missing + ')'}; nothing is "
                "restored, every rank continues with fresh error feedback")
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
         logger.warning("%s", msg)
@@ -226,16 +227,14 @@ class Stateful:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         key, rank_world = self._key(), _where(self.group)
         value = state_dict.get(key) if isinstance(state_dict, dict) else None
-        # DCP leaves the template's own object where the checkpoint lacks the key (a partial load): this
-        # very state's body, which is not a restore.
-        fresh = value is not None and value is self._template
-        if value is not None and not isinstance(value, bytes):
-            def read() -> Optional[List[Any]]:
+
+        def read() -> Optional[List[Any]]:
+            # DCP leaves the template's own object where the checkpoint lacks the key (a partial load): this
+            # very state's body, which is not a restore.
+            if value is None or value is self._template:
+                return None
+            if not isinstance(value, bytes):
                 raise ValueError(f"the entry {key} is {type(value).__name__}, not bytes")
-        else:
-            def read() -> Optional[List[Any]]:
-                if value is None or fresh:
-                    return None
-                return _read(io.BytesIO(value), key, *rank_world, self.objects)
-        _restore(read, self.objects, self.group, "gradzip.torch.checkpoint.Stateful", "" if value and not fresh
-                 else "missing")
+            return _read(io.BytesIO(value), key, *rank_world, self.objects)
+
+        _restore(read, self.objects, self.group, "gradzip.torch.checkpoint.Stateful", "missing")

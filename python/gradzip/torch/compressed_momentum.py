@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from .. import _core
 from ..codec import Codec
 from . import _agreement, _resume, _stats, _transports
 
@@ -884,6 +885,4 @@ def _topk_density(codec: Codec) -> Optional[float]:
 
 def _with_density(spec: str, density: float) -> str:
     """`spec` (a canonical topk spec with a density) with another density, canonical."""
-    from .. import _core
-
     return _core.respec(spec, f"density={density:.6g}")

@@ -45,7 +45,7 @@ import torch.distributed as dist
 # The interface set_custom_reduce_scatter takes; torch exports it nowhere public.
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
-from .. import InvalidArgument, _core
+from .. import InvalidArgument
 from ..codec import Codec
 from . import _agreement, _filters, _resume, _stats, _torch_transport
 
@@ -177,9 +177,8 @@ class FSDPCompressionState:
         self._efs = efs
         # Another rank's or world size's residuals (a checkpointer that keeps one copy): dropped at the
         # first reduce-scatter by every rank alike (_resume.py).
-        bound = self._rank is not None and self._world_size is not None
-        self._resume.loaded(stamp, world, self._rank if bound else None, self._world_size if bound else None)
-        if not bound:
+        self._resume.loaded(stamp, world, self._rank, self._world_size)  # rank None: classified when bound
+        if self._rank is None:
             self._world_size = world
         self._stats = _new_stats()
         self._stats.update(stats)
@@ -216,18 +215,14 @@ class FSDPCompressionState:
             # agrees on the rest): the ranks compare it at the group's first
             # reduce-scatter, and again whenever it changes; after a start or
             # a restore, whose residuals each rank restored too (_resume.py).
-            error = None
-            try:
-                _agreement.agree(group, [("FSDP module", name or "(root)"), ("reduce op", kind),
-                                         ("gradient divide factor", "none" if factor is None else repr(factor)),
-                                         ("exact_below", repr(self.exact_below)), *self._resume.fields()],
-                                 "fsdp", "the FSDP reduce-scatter's agreement",
-                                 "gradzip FSDP reduce-scatter: the ranks reduce differently (every rank must use the "
-                                 "same reduce op, gradient divide factor and exact_below, and restore its state on "
-                                 "all ranks or none):", self.timeout)
-            except _core.InvalidArgument as e:
-                error = e
-            if self._resume.judge(error, "FSDP reduce-scatter"):
+            fields = [("FSDP module", name or "(root)"), ("reduce op", kind),
+                      ("gradient divide factor", "none" if factor is None else repr(factor)),
+                      ("exact_below", repr(self.exact_below)), *self._resume.fields()]
+            if self._resume.agreed(lambda: _agreement.agree(
+                    group, fields, "fsdp", "the FSDP reduce-scatter's agreement",
+                    "gradzip FSDP reduce-scatter: the ranks reduce differently (every rank must use the same reduce "
+                    "op, gradient divide factor and exact_below, and restore its state on all ranks or none):",
+                    self.timeout), "FSDP reduce-scatter"):
                 self._efs = {}
             self._agreed_ops[name] = (kind, factor)
         n = input.numel()

@@ -858,12 +858,9 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     if not state._agreed:  # first call: every rank checks the others' settings before taking a branch
         if not state._resume.settled and state._resume.status == _resume.FRESH:
             _warn_if_resumed_without_state(bucket)
-        error = None
-        try:  # the settings, and after a start or a restore whose state each rank restored (_resume.py)
-            _agreement.check(state, bucket)
-        except _core.InvalidArgument as e:
-            error = e
-        if state._resume.judge(error, "DDP hook"):  # raises unless only whose error feedback differs
+        # The settings, and after a start or a restore whose state each rank restored (_resume.py): raises
+        # unless only whose error feedback differs.
+        if state._resume.agreed(lambda: _agreement.check(state, bucket), "DDP hook"):
             state._drop_rank_state()
         state._agreed = True
     warming = state._warming(bucket)
