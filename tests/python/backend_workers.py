@@ -321,6 +321,39 @@ def _resume(rank, world):
     out["resume/bit_identical"] = resumed(True) == straight
     out["resume/without_state_differs"] = resumed(False) != straight
     out["resume/states"] = len(saved["gradzip"]["states"])
+
+    # Rank 0's state on every rank (a checkpointer that saves one copy): no
+    # rank raises, every rank warns once and continues with fresh error
+    # feedback, and the ranks stay identical.
+    rank0 = [saved["gradzip"]]
+    dist.broadcast_object_list(rank0, src=0)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        buf.seek(0)
+        ckpt = torch.load(buf, weights_only=True)
+        m = _net()
+        m.load_state_dict(ckpt["model"])
+        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        o.load_state_dict(ckpt["opt"])
+        gzb.load_state_dict(rank0[0])
+        plain_loop(m, o, rank, world, STEPS, start=half)
+    out["one_copy/warned"] = [str(w.message) for w in seen if "gradzip backend" in str(w.message)]
+    out["one_copy/digest"] = _digest(m)
+    out["one_copy/equals_fresh"] = out["one_copy/digest"] == resumed(False)
+
+    # Restored on rank 0 only, in a new group (whose ranks have all just
+    # started): its first compressed call fails on every rank alike.
+    late = dist.new_group(backend="gradzip")  # GRADZIP_POLICY's policy, as the saved state's
+    if rank == 0:
+        gzb.load_state_dict(saved["gradzip"], group=late)
+    t = torch.ones(4096)
+    try:
+        dist.all_reduce(t, group=late)
+        out["some_ranks/error"] = None
+    except Exception as e:  # what the test inspects
+        out["some_ranks/error"] = (type(e).__name__, str(e))
     return out
 
 
@@ -379,6 +412,9 @@ def _crafted():
         "missing_ef": no_ef,
         "ef_none": entry(0, ef=None),
         "not_a_dict": [good],
+        "saved_by_out_of_range": {**good, "saved_by": {"rank": 2, "world_size": 2}},
+        "saved_by_other_world": {**good, "saved_by": {"rank": 0, "world_size": 4}},
+        "saved_by_string": {**good, "saved_by": "rank 0"},
     }
     before = pickle.dumps(good)
     out = {}

@@ -108,9 +108,27 @@ def test_checkpoint_resume_is_bit_identical(suite):
     assert every(suite, "resume/states") == [2, 2]
 
 
+def test_rank_0s_state_on_every_rank_warns_and_continues_fresh_alike(suite):
+    # Before: rank 1 raised "bound to rank 0" at the load, and rank 0 went on alone into a timeout.
+    for r in suite:
+        assert len(r["one_copy/warned"]) == 1, r["one_copy/warned"]
+        assert "every rank continues with fresh error feedback" in r["one_copy/warned"][0]
+    assert "this rank restored rank 0 of 2's" in suite[1]["one_copy/warned"][0]
+    assert len(set(every(suite, "one_copy/digest"))) == 1
+    assert all(every(suite, "one_copy/equals_fresh"))  # rank 0's residuals were dropped on rank 0 too
+
+
+def test_a_state_restored_on_some_ranks_only_fails_every_rank_alike(suite):
+    errors = every(suite, "some_ranks/error")
+    assert errors[0] is not None and errors[0] == errors[1], errors
+    assert errors[0][0] == "InvalidArgument"
+    assert "restored a checkpoint: rank 0 'yes'; rank 1 'no'" in errors[0][1]
+
+
 @pytest.mark.parametrize("case", ["stats_list", "stats_string", "stats_bool", "codec_not_the_policys", "numel_true",
                                   "version_true", "world_size_float", "residual_3e38", "residual_nan", "ef_swapped",
-                                  "states_none", "states_dict", "missing_ef", "ef_none", "not_a_dict"])
+                                  "states_none", "states_dict", "missing_ef", "ef_none", "not_a_dict",
+                                  "saved_by_out_of_range", "saved_by_other_world", "saved_by_string"])
 def test_a_crafted_state_dict_is_refused_and_changes_nothing(suite, case):
     # Before (issue 32): stats_list raised AttributeError after the states
     # were replaced; stats_string, codec_not_the_policys (its residual then

@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 
 from .. import InvalidArgument, IoError, _core
-from . import _stats
+from . import _resume, _stats
 from ._agreement import agree_on_store
 from ._backend_policy import ENGINE_DTYPES, Policy, States
 
@@ -245,6 +245,9 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         self._streams: Dict[torch.device, Any] = {}
         self._lock = threading.Lock()  # the byte counts
         self._stats = _new_stats()
+        self._store = store
+        self._resume = _resume.Resume()  # whose error feedback a load restored (_resume.py)
+        self._resume_rounds = 0
         # A script that exits without destroy_process_group: release at exit
         # what torch would keep alive into teardown (see shutdown).
         atexit.register(_release_at_exit, weakref.ref(self))
@@ -330,12 +333,18 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             stats = dict(self._stats)
             states = self._states.state_dict()
         return {"version": _STATE_VERSION, "policy": self.policy.fields(), "world_size": self._size,
-                "states": states, "stats": stats}
+                "saved_by": _resume.saved_by(self._rank, self._size), "states": states, "stats": stats}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`'s output, saved on this rank with the same
-        policy and world size. Every state starts orphaned: the first compressed
-        calls take them over in order, by signature (docs/python.md).
+        """Restores :meth:`state_dict`'s output, saved with the same policy.
+        This rank's own state (same rank and world size) restores every
+        error-feedback state, orphaned: the first compressed calls take them
+        over in order, by signature (docs/python.md). Another rank's or world
+        size's (a stack that saved rank 0's copy) restores the counts only:
+        at the next compressed call the ranks agree on what each restored,
+        and all of them continue with fresh error feedback and warn once, or
+        raise the same InvalidArgument when some restored and others did not
+        (torch/_resume.py).
 
         All or nothing: every field is checked (types exactly, each state
         against the policy, its residuals in C++) before anything is replaced;
@@ -346,8 +355,10 @@ class ProcessGroupGradzip(dist.ProcessGroup):
 
         if not isinstance(state, dict):
             raise refuse(f"not a dict: {type(state).__name__}")
-        if set(state) != {"version", "policy", "world_size", "states", "stats"}:
-            raise refuse(f"keys {sorted(map(str, state))}, not version, policy, world_size, states and stats")
+        keys = {"version", "policy", "world_size", "states", "stats"}
+        if set(state) - {"saved_by"} != keys:
+            raise refuse(f"keys {sorted(map(str, state))}, not version, policy, world_size, states, stats "
+                         "(and saved_by)")
         version, policy, world = state["version"], state["policy"], state["world_size"]
         if type(version) is not int or version != _STATE_VERSION:
             raise refuse(f"version {version!r}; this release reads version {_STATE_VERSION}")
@@ -355,17 +366,47 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             isinstance(f, (list, tuple)) for f in policy) else policy
         if saved != self.policy.fields():
             raise refuse(f"saved under another policy: {saved!r} (this group: {self.policy.fields()})")
-        if type(world) is not int or world != self._size:
-            raise refuse(f"saved with world_size={world!r}, this group has {self._size}")
+        if type(world) is not int or world < 1:
+            raise refuse(f"world_size must be an integer >= 1, got {world!r}")
+        try:
+            stamp = _resume.checked_stamp(state)
+        except ValueError as e:
+            raise refuse(str(e)) from None
+        if stamp is not None and stamp[1] != world:
+            raise refuse(f"saved_by {state['saved_by']!r} disagrees with world_size={world}")
         stats = state["stats"]
         if not isinstance(stats, dict) or set(stats) != set(_new_stats()) or any(
                 type(v) is not int or v < 0 for v in stats.values()):
             raise refuse(f"stats must map {', '.join(_new_stats())} to integers >= 0, got {stats!r}")
-        restored = States.restored(state["states"], self.policy, self._rank, self._size)
+        resume = _resume.Resume()
+        resume.loaded(stamp, world, self._rank, self._size)
+        if resume.status == _resume.OWN:
+            restored = States.restored(state["states"], self.policy, self._rank, self._size)
+        elif isinstance(state["states"], (list, tuple)):
+            restored = States()  # another rank's residuals: never applied here (the agreement drops them everywhere)
+        else:
+            raise refuse(f"'states' must be a list, got {type(state['states']).__name__}")
         self._drain()
         with self._submit, self._lock:
             self._states = restored
             self._stats = dict(stats)
+            self._resume = resume
+
+    # -- internals --------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """The first compressed call after the group was made or a state
+        loaded: the ranks agree whose error feedback each restored
+        (torch/_resume.py), through the group's store, sealed. Anything but
+        every rank's own: every rank drops its states and warns once."""
+        def agree(fields: Any, round: str, mismatch: str) -> None:
+            if self._size > 1:
+                self._resume_rounds += 1
+                agree_on_store(self._store, "gradzip/backend-resume", self._resume_rounds - 1, self._rank,
+                               self._size, fields, self._timeout_s, round, mismatch)
+
+        if self._resume.settle(agree, "backend"):
+            self._states = States()
 
     # -- internals --------------------------------------------------------------
 
@@ -419,6 +460,8 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         comm = self._comms.get(kind)
         if comm is None:  # the first compressed call on this device type: every rank makes it here
             comm = self._comms[kind] = self._connect(kind)
+        if not self._resume.settled:  # on the calling thread, in call order: the same round on every rank
+            self._settle()
         ef = self._states.get(t, codec)
         policy = self.policy
         work = Work([t])
