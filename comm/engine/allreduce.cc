@@ -31,6 +31,12 @@ CodecConfig server_codec_config(const CodecConfig& codec) {
   return s;
 }
 
+CodecConfig server_codec_config(const CodecConfig& codec, const std::optional<std::string>& given) {
+  if (!given) return server_codec_config(codec);
+  if (*given == "same") return codec;
+  return parse_spec(*given);
+}
+
 double payload_bytes_per_element(const CodecConfig& codec) {
   // resolve_algorithm asks this on every allreduce call (for the codec and
   // its server codec): answer repeats from a few remembered configs instead

@@ -80,6 +80,12 @@ struct Run;
 /// The error feedback follows the codec's (ef=off: none in either phase).
 CodecConfig server_codec_config(const CodecConfig& codec);
 
+/// What a caller's server codec argument means, the same at every entry
+/// point (C++, Python, the torch layer): unset, the default above; "same",
+/// `codec` itself; anything else, that spec. Throws InvalidArgument for a
+/// malformed spec.
+CodecConfig server_codec_config(const CodecConfig& codec, const std::optional<std::string>& given);
+
 /// Payload bytes per element of a long run of `codec` (headers aside);
 /// top-k: at its density.
 double payload_bytes_per_element(const CodecConfig& codec);

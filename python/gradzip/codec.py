@@ -11,7 +11,7 @@ from ._core import Codec as _CoreCodec
 from ._core import InvalidArgument, PayloadError, payload_info
 from .error_feedback import ErrorFeedback
 
-__all__ = ["Codec", "ErrorFeedback"]
+__all__ = ["Codec", "ErrorFeedback", "server_codec_arg"]
 
 
 class Codec(_CoreCodec):
@@ -163,3 +163,18 @@ class Codec(_CoreCodec):
 
     def __reduce__(self) -> Any:
         return (type(self), (self.spec,))
+
+
+def server_codec_arg(server_codec: Optional[str]) -> Optional[str]:
+    """A ``server_codec`` argument as every entry point takes it (the hook,
+    BlockMomentum, the backend's Policy, CompressedAdamW/SGD,
+    Communicator.allreduce), checked: None, the engine's default for the
+    codec (fp16 for onebit, the codec itself otherwise); ``"same"``, the
+    codec itself; anything else, a spec, returned canonical. The engine
+    resolves it (``_core.server_codec_spec(codec, given)``, C++'s
+    server_codec_config), so the meaning is one everywhere."""
+    if server_codec is None or server_codec == "same":
+        return server_codec
+    if not isinstance(server_codec, str):
+        raise InvalidArgument(f"server_codec must be None, 'same' or a codec spec, got {server_codec!r}")
+    return Codec(server_codec).spec

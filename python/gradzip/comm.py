@@ -162,7 +162,8 @@ class Communicator:
                 ``"hierarchical"``.
             server_codec: the codec (spec or :class:`gradzip.Codec`) scatter_reduce
                 re-encodes the chunk sums with; None: the default, fp16 for onebit
-                and the codec itself otherwise (docs/comm.md, "The server phase").
+                and the codec itself otherwise (docs/comm.md, "The server phase");
+                ``"same"``: the codec itself.
                 Its error feedback follows ``codec``'s. The same on every rank.
             timeout: seconds for this call's waits (default: the communicator's).
 

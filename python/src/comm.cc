@@ -230,7 +230,7 @@ nb::dict run_call(CommHandle& h, const OutArray& buffer, CodecHandle& codec, gz:
   gz::AllreduceCall call;
   call.op = gz::parse_reduce_op(op);
   call.algorithm = gz::parse_algorithm(algorithm);
-  if (server_codec) call.server_codec = gz::parse_spec(*server_codec);
+  if (server_codec) call.server_codec = gz::server_codec_config(codec.codec().config(), server_codec);
   call.device = b.place.device;
   call.stream = reinterpret_cast<gz::Stream>(stream);
   if (timeout_s) call.timeout = to_timeout(timeout_s);
@@ -321,7 +321,7 @@ void bind_comm(nb::module_& m) {
           GZ_ENFORCE(rank >= 0 && rank < ranks, "rank must be in [0, ", ranks, "), got ", rank);
           gz::CostQuery q;
           q.codec = gz::parse_spec(codec);
-          q.server = server_codec ? gz::parse_spec(*server_codec) : gz::server_codec_config(q.codec);
+          q.server = gz::server_codec_config(q.codec, server_codec);
           q.n = n;
           q.rank = rank;
           gz::Topology topo = gz::Topology::flat(ranks);
@@ -365,10 +365,13 @@ void bind_comm(nb::module_& m) {
         "A link as gradzip-run --link takes it ('1gbit', '10gbit,50us'): dict of rate_bps and delay_ns.\n"
         "ValueError otherwise (common/units.h, the launcher's own parser).");
   m.def("server_codec_spec",
-        [](std::string_view spec) { return gz::server_codec_config(gz::parse_spec(spec)).canonical(); },
-        nb::arg("spec"),
-        "The codec scatter_reduce re-encodes the chunk sums with by default, for codec `spec`:\n"
-        "fp16 for onebit, the codec itself otherwise (docs/comm.md, 'The server phase').");
+        [](std::string_view spec, std::optional<std::string> given) {
+          return gz::server_codec_config(gz::parse_spec(spec), given).canonical();
+        },
+        nb::arg("spec"), nb::arg("given") = nb::none(),
+        "The codec scatter_reduce re-encodes the chunk sums with, for codec `spec` and a caller's\n"
+        "server_codec argument `given`: None, the default (fp16 for onebit, the codec itself\n"
+        "otherwise; docs/comm.md, 'The server phase'); 'same', the codec itself; else that spec.");
   nb::class_<gz::ErrorFeedback>(
       m, "ErrorFeedback",
       "A collective's error-feedback state of one buffer (gz::ErrorFeedback; raw binding, which\n"

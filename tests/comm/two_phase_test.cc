@@ -178,6 +178,18 @@ TEST(ServerPhase, AutoPicksTheAlgorithmThatSendsFewerBytes) {
   }
 }
 
+// A caller's server codec argument means one thing at every entry point:
+// unset, the default; "same", the codec itself; else the spec given.
+TEST(ServerPhase, TheArgumentUnsetSameOrASpec) {
+  const CodecConfig onebit = parse_spec("onebit:ef=off");
+  EXPECT_EQ(server_codec_config(onebit, std::nullopt).canonical(), server_codec_config(onebit).canonical());
+  EXPECT_EQ(server_codec_config(onebit, std::nullopt).canonical(), parse_spec("fp16:ef=off").canonical());
+  EXPECT_EQ(server_codec_config(onebit, std::string("same")).canonical(), onebit.canonical());
+  EXPECT_EQ(server_codec_config(onebit, std::string("qsgd:bits=4")).canonical(),
+            parse_spec("qsgd:bits=4").canonical());
+  EXPECT_THROW(server_codec_config(onebit, std::string("twobit")), InvalidArgument);
+}
+
 // A server codec for none (exact sums) is refused on every rank, before anything is sent.
 TEST(ServerPhase, NoneTakesNoOtherServerCodec) {
   Call call = with(Algorithm::ScatterReduce);

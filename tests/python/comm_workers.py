@@ -60,9 +60,10 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
     # (onebit, the former default).
     same = []
     out["server_codec_spec/onebit"] = gradzip.server_codec_spec("onebit")
-    for server in (None, "onebit"):
+    out["server_codec_spec/onebit/same"] = gradzip.server_codec_spec("onebit", "same")
+    for server in (None, "onebit", "same"):  # "same": the codec itself, as every entry point reads it
         codec, state = gradzip.Codec("onebit"), gradzip.ErrorFeedback()
-        model = ScatterReduceModel("onebit", world, server)
+        model = ScatterReduceModel("onebit", world, "onebit" if server == "same" else server)
         for step in range(3):
             grads = [data(r, step, n) for r in range(world)]
             x = grads[rank].copy()

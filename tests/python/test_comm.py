@@ -41,6 +41,7 @@ def test_every_rank_gets_the_same_bits(suite, spec):
 def test_scatter_reduce_is_the_documented_algorithm(suite):
     assert all(r["scatter_reduce_matches_model"] for r in suite)
     assert suite[0]["server_codec_spec/onebit"] == "fp16"
+    assert suite[0]["server_codec_spec/onebit/same"] == "onebit:block=512"  # the codec itself, canonical
 
 
 def test_state_dict_continues_bit_identically(suite):

@@ -114,6 +114,31 @@ def test_a_smaller_maximum_alone_lowers_the_default_minimum():
     assert CompressedAdamW(params(), min_warmup_steps=5, max_warmup_steps=30).min_warmup_steps == 5
 
 
+def test_server_codec_means_what_it_means_at_every_entry_point():
+    # One meaning per argument name (issue 31): None is the engine's default
+    # (fp16 for onebit) here as in the hook, BlockMomentum and the backend's
+    # Policy; "same", the optimizers' default, is the codec itself.
+    from gradzip.torch import CompressionState
+    from gradzip.torch.backend import Policy
+
+    params = lambda: cm_workers.make_model(0).parameters()  # noqa: E731
+    onebit, fp16 = gradzip.Codec("onebit").spec, gradzip.Codec("fp16").spec
+    assert CompressedAdamW(params()).server_codec == onebit
+    assert CompressedAdamW(params(), server_codec="same").server_codec == onebit
+    assert CompressedAdamW(params(), server_codec=None).server_codec == fp16
+    assert CompressedSGD(params(), codec="topk:density=0.01", server_codec=None).server_codec == \
+        CompressedSGD(params(), codec="topk:density=0.01").server_codec
+    assert CompressedSGD(params(), server_codec="fp16").server_codec == fp16
+    assert CompressionState(codec="onebit", server_codec="same").server_codec == "same"
+    assert Policy("onebit", server_codec="same").server_codec == "same"
+    assert Policy.parse("codec=onebit;server_codec=same").server_codec == "same"
+    for bad in ("twobit", 3):
+        with pytest.raises(ValueError):
+            CompressedAdamW(params(), server_codec=bad)
+        with pytest.raises(ValueError):
+            CompressionState(server_codec=bad)
+
+
 def test_bad_parameters_raise_value_error():
     with pytest.raises(ValueError, match="float32"):
         CompressedSGD(cm_workers.make_model(0).double().parameters())

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import InvalidArgument, _core
-from ..codec import Codec
+from ..codec import Codec, server_codec_arg
 from ._quality import DEFAULT_CODEC
 
 # The dtypes gradzip's engine reduces (16-bit ones on their float32 widening).
@@ -69,7 +69,8 @@ class Policy:
         algorithm: the engine's ``"auto"`` (default), ``"allgather"``,
             ``"scatter_reduce"`` or ``"hierarchical"``.
         server_codec: the codec scatter_reduce re-encodes chunk sums with
-            (None: the codec's default: the codec itself, fp16 for onebit).
+            (None: the engine's default, fp16 for onebit and the codec itself
+            otherwise; ``"same"``: the codec itself).
 
     Raises:
         ValueError: an unknown algorithm or dtype, a negative threshold,
@@ -97,7 +98,7 @@ class Policy:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(_ALGORITHMS)}")
         self.rules: List[Rule] = [_rule(r) for r in given]
         self.algorithm = algorithm
-        self.server_codec = None if server_codec is None else Codec(server_codec).spec
+        self.server_codec = server_codec_arg(server_codec)
         self._codecs = {spec: Codec(spec) for _, _, spec in self.rules if spec != "none"}
 
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 import torch
 
 from .. import ErrorFeedback, _core
-from ..codec import Codec
+from ..codec import Codec, server_codec_arg
 from . import _block_exchange, _filters, _quality, _resume, _stats, _transports
 
 __all__ = ["BlockMomentum"]
@@ -126,8 +126,8 @@ class BlockMomentum:
             ``"scatter_reduce"`` or ``"hierarchical"`` (the registry's
             allreduce algorithms, ``gradzip.allreduce_algorithm_names()``).
         server_codec: the spec scatter_reduce re-encodes each chunk's sum
-            with (:meth:`gradzip.Communicator.allreduce`); None: the codec's
-            default (fp16 for onebit). ``algorithm="scatter_reduce",
+            with (:meth:`gradzip.Communicator.allreduce`); None: the engine's
+            default (fp16 for onebit); ``"same"``: the codec itself. ``algorithm="scatter_reduce",
             server_codec="onebit"`` sends the fewest bytes with onebit at 3-15
             ranks (about half of what ``auto``'s allgather sends at 4 ranks;
             BENCHMARKS.md section 7 has both).
@@ -243,7 +243,7 @@ class BlockMomentum:
         params, buffers = _tensors_of(module_or_params)
         _check_optimizer_covers(local_optimizer, params)
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
-        self.server_codec = None if server_codec is None else Codec(server_codec).spec
+        self.server_codec = server_codec_arg(server_codec)
         comm = _connect(transport, process_group, communicator)
 
         self.transport = transport

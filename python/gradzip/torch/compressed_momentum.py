@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
-from ..codec import Codec
+from ..codec import Codec, server_codec_arg
 from . import _agreement, _resume, _stats, _transports
 
 __all__ = ["CompressedAdamW", "CompressedSGD"]
@@ -69,9 +69,10 @@ class _CompressedMomentum(torch.optim.Optimizer):
         _transports.check(transport, None)
         self.codec = codec if isinstance(codec, Codec) else Codec(codec)
         # Server-side error feedback re-encodes each chunk sum with the codec
-        # itself by default: 2(P-1)/P payloads per rank (fp16 sums would be 16x
-        # onebit's payload on the way back).
-        self.server_codec = Codec(server_codec).spec if server_codec is not None else self.codec.spec
+        # itself by default ("same"): 2(P-1)/P payloads per rank (the engine's
+        # default, fp16 sums for onebit, would be 16x onebit's payload on the
+        # way back). Kept resolved: the spec the server phase runs.
+        self.server_codec = Codec(_core.server_codec_spec(self.codec.spec, server_codec_arg(server_codec))).spec
         # The full-precision stage's gradient exchange: None (or "none") is
         # fp32 (DDP's allreduce); a codec sends it two-phase with error feedback.
         self.warmup_codec = None if warmup_codec in (None, "none") else Codec(warmup_codec)
@@ -473,7 +474,8 @@ class CompressedAdamW(_CompressedMomentum):
             default 0.01).
         codec: the momentum's gradzip codec spec (default ``"onebit"``).
         server_codec: what the second phase re-encodes each chunk sum with
-            (server-side error feedback); default: the codec itself.
+            (server-side error feedback): ``"same"`` (default), the codec
+            itself; None, the engine's default (fp16 for onebit); or a spec.
         warmup_codec: how the full-precision stage averages the gradient:
             a gradzip spec, sent two-phase with error feedback (default
             ``"fp8:format=e5m2"``: 4x fewer bytes than fp32), or None
@@ -550,7 +552,7 @@ class CompressedAdamW(_CompressedMomentum):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, *, codec: Union[str, Codec] = "onebit",
-                 server_codec: Optional[str] = None, warmup_codec: Optional[str] = "fp8:format=e5m2",
+                 server_codec: Optional[str] = "same", warmup_codec: Optional[str] = "fp8:format=e5m2",
                  min_warmup_steps: Optional[int] = None, max_warmup_steps: int = 100,
                  variance_tolerance: float = 0.5, check_every: int = 10, variance_refresh: int = 20,
                  process_group: Any = None, transport: str = "torch", bucket_elements: int = 1 << 24,
@@ -790,7 +792,7 @@ class CompressedSGD(_CompressedMomentum):
     _KIND = "sgd"
 
     def __init__(self, params: Iterable[Any], lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0,
-                 *, codec: Union[str, Codec] = "onebit", server_codec: Optional[str] = None, warmup_steps: int = 10,
+                 *, codec: Union[str, Codec] = "onebit", server_codec: Optional[str] = "same", warmup_steps: int = 10,
                  warmup_codec: Optional[str] = None, process_group: Any = None, transport: str = "torch",
                  bucket_elements: int = 1 << 24, momentum_correction: bool = False, factor_masking: bool = True,
                  sparsity_warmup: int = 0, sparsity_start: float = 0.25, sparsity_stages: int = 4,

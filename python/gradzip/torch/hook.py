@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
-from ..codec import Codec
+from ..codec import Codec, server_codec_arg
 from . import (_agreement, _filters, _layout, _momentum, _precondition, _quality, _resume, _stats, _transports,
                _worker)
 from ._quality import is_adaptive
@@ -73,8 +73,9 @@ class CompressionState:
             across nodes of several ranks; docs/comm.md), ``"allgather"``,
             ``"scatter_reduce"`` or ``"hierarchical"``.
         server_codec: the codec spec scatter_reduce re-encodes each chunk's sum
-            with (its second phase). None (default): fp16 for onebit, the codec
-            itself otherwise. Error feedback follows ``codec``.
+            with (its second phase). None (default): the engine's default, fp16
+            for onebit, the codec itself otherwise; ``"same"``: the codec
+            itself. Error feedback follows ``codec``.
         communicator: with ``transport="gradzip"``, the communicator to use; by
             default one is made for this state at its first compressed bucket.
         exact_below: the layer filter (CGX's): parameters with at most one
@@ -257,7 +258,7 @@ class CompressionState:
         self.transport = transport
         self.algorithm = algorithm
         # Canonical, so that ranks compare equal and a bad spec fails here.
-        self.server_codec = None if server_codec is None else Codec(server_codec).spec
+        self.server_codec = server_codec_arg(server_codec)
         self._given_codec, self._given_server = self.codec, self.server_codec
         # What the caller chose, rather than left to the hook (C++ reads the spec: _core.spec_keys).
         given = None if not isinstance(codec, str) else _core.spec_keys(codec)
