@@ -80,9 +80,13 @@ def test_resume_is_bit_identical(codec, save_at):
 
 
 def test_arguments_are_checked_and_pickled():
-    for bad in (0.0, 1.0, -0.5, True, "on", [0.9]):
+    for bad in (0.0, 1.0, -0.5, "on", [0.9]):
         with pytest.raises(ValueError, match="momentum_correction"):
             CompressionState("onebit", momentum_correction=bad)
+    # Booleans read as CompressedSGD's on/off (one meaning per argument name):
+    # on takes the optimizer's momentum ("auto"), off is None.
+    assert CompressionState("onebit", momentum_correction=True).momentum_correction == "auto"
+    assert CompressionState("onebit", momentum_correction=False).momentum_correction is None
     state = pickle.loads(pickle.dumps(CompressionState("onebit", momentum_correction=0.9, adaptive=False)))
     assert state.momentum_correction == 0.9 and state._mc is not None and state._mc.beta == 0.9
     assert state.codec.spec == "onebit:block=128"  # the pickle keeps "no block given" (canonical specs name one)

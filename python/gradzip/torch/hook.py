@@ -152,7 +152,8 @@ class CompressionState:
             is non-adaptive with one momentum in (0, 1) and no Nesterov,
             with that momentum, and onebit without a ``block=`` in its spec
             then runs in blocks of 128; ``None``: off; a float beta in
-            (0, 1): on with it. Plain error feedback under momentum SGD swings: on digits at
+            (0, 1): on with it. ``True``/``False`` read as in
+            CompressedSGD: ``"auto"`` (the optimizer's momentum) and off. Plain error feedback under momentum SGD swings: on digits at
             16 ranks onebit ended 10.8 points below fp32 (worst seed -20.8),
             with the correction within 1 (BENCHMARKS.md section 11, "digits
             under auto at 8 and 16 ranks"). The parameters' ``.grad`` then
@@ -243,10 +244,12 @@ class CompressionState:
             raise ValueError(f"adaptive must be 'auto', True or False, got {adaptive!r}")
         if precondition not in ("auto", True, False):
             raise ValueError(f"precondition must be 'auto', True or False, got {precondition!r}")
+        if isinstance(momentum_correction, bool):  # CompressedSGD's on/off: on takes the optimizer's momentum
+            momentum_correction = "auto" if momentum_correction else None
         if not (momentum_correction is None or (isinstance(momentum_correction, str) and momentum_correction == "auto")
                 or (isinstance(momentum_correction, (int, float)) and not isinstance(momentum_correction, bool)
                     and 0.0 < momentum_correction < 1.0)):
-            raise ValueError(f"momentum_correction must be 'auto', None or a momentum in (0, 1), "
+            raise ValueError(f"momentum_correction must be 'auto', True, False, None or a momentum in (0, 1), "
                              f"got {momentum_correction!r}")
         _transports.check(transport, communicator)
         if algorithm not in _ALGORITHMS:
