@@ -6,7 +6,7 @@
 #include "comm/engine/communicator.h"
 
 int main() {
-  auto comm = gz::Communicator::from_env(gz::TransportKind::Ucx);  // MASTER_ADDR, RANK, ...
+  auto comm = gz::Communicator::from_env("ucx");  // MASTER_ADDR, RANK, ...
   auto codec = gz::make_codec("onebit");
   gz::ErrorFeedback state;  // error feedback of this buffer; keep it across steps
 

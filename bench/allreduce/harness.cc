@@ -10,9 +10,6 @@
 
 #include "comm/base/memory.h"
 #include "common/error.h"
-#if GZ_HAVE_NCCL
-#include "comm/transports/nccl/nccl_transport.h"
-#endif
 
 namespace gz::bench {
 namespace {
@@ -117,7 +114,7 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
     what.device = m.o.device;
     row.algorithm = m.comm.resolve_algorithm(*codec, n, what);
   }
-  row.transport = to_string(m.o.transport);
+  row.transport = m.o.transport;
   row.ranks = m.P;
   row.elements = n;
   row.error_bound = allreduce_error_bound(codec->config());
@@ -221,28 +218,28 @@ Row Harness::run(const std::string& spec, std::size_t n, Algorithm algorithm) {
   return row;
 }
 
-Row Harness::run_nccl_allreduce(std::size_t n) {
-  Row row;
-  row.codec = "ncclAllReduce";
-  row.transport = "nccl";
-  row.ranks = impl_->P;
-  row.elements = n;
-#if GZ_HAVE_NCCL
+Row Harness::run_native_allreduce(std::size_t n) {
   Impl& m = *impl_;
-  auto* nccl = dynamic_cast<NcclTransport*>(&m.comm.transport());
-  GZ_ENFORCE(nccl != nullptr, "ncclAllReduce baseline needs the NCCL transport");
+  Transport& t = m.comm.transport();
+  GZ_ENFORCE(t.native_allreduce() != nullptr, "the ", t.name(), " transport has no allreduce of its own");
+  Row row;
+  row.codec = t.native_allreduce();
+  row.native = true;
+  row.transport = m.o.transport;
+  row.ranks = m.P;
+  row.elements = n;
   m.prepare(n);
-  const CallContext ctx{Device::Cuda, m.stream, m.comm.timeout()};
+  const CallContext ctx{m.o.device, m.stream, m.comm.timeout()};
   for (int i = 0; i < m.o.warmup; ++i) {
     m.load(n);
-    nccl->allreduce_sum(m.buffer(n), n, ctx);
+    t.native_allreduce_sum(m.buffer(n), n, ctx);
   }
   double tot = 0;
   for (int i = 0; i < m.o.iters; ++i) {
     m.load(n);
-    nccl->barrier(ctx);
+    t.barrier(ctx);
     const auto t0 = std::chrono::steady_clock::now();
-    nccl->allreduce_sum(m.buffer(n), n, ctx);
+    t.native_allreduce_sum(m.buffer(n), n, ctx);
     tot += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   m.fetch(n);
@@ -252,10 +249,6 @@ Row Harness::run_nccl_allreduce(std::size_t n) {
   row.rel_error = m.rel_error(n);
   row.error_bound = 1e-6;
   row.ok = row.rel_error <= row.error_bound;
-#else
-  (void)n;
-  GZ_THROW(InvalidArgument, "this build has no NCCL");
-#endif
   return row;
 }
 

@@ -32,6 +32,7 @@ struct Row {
   double predicted_ms = 0;         ///< --predict: the cost model's total (0: no model)
   double predicted_fit_ms = 0;     ///< --predict: the same with the codec work this row measured (enc + dec)
   double limit_ms = 0;             ///< --predict: max(link time, codec memory bytes / copy bandwidth)
+  bool native = false;             ///< the transport's own allreduce (codec: its name), not gradzip's
   bool identical = true;           ///< every rank got the same bits
   bool ok = true;
   std::string note;
@@ -45,8 +46,9 @@ class Harness {
 
   /// Runs one row (collective: every rank calls with the same arguments).
   Row run(const std::string& spec, std::size_t n, Algorithm algorithm);
-  /// NCCL only: the plain ncclAllReduce of n floats, for comparison.
-  Row run_nccl_allreduce(std::size_t n);
+  /// The transport's own dense allreduce of n floats (Transport::native_allreduce,
+  /// e.g. ncclAllReduce), for comparison; only where it has one.
+  Row run_native_allreduce(std::size_t n);
 
  private:
   struct Impl;

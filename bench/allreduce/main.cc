@@ -13,9 +13,6 @@
 #include "bench/allreduce/report.h"
 #include "comm/engine/communicator.h"
 #include "common/error.h"
-#if GZ_HAVE_UCX
-#include "comm/transports/ucx/ucx_transport.h"
-#endif
 
 int main(int argc, char** argv) {
   using namespace gz;
@@ -26,10 +23,7 @@ int main(int argc, char** argv) {
     if (o.timeout_s > 0) copt.timeout = Timeout(static_cast<Timeout::rep>(std::ceil(o.timeout_s * 1000)));
     auto comm = Communicator::from_env(o.transport, copt);
     const bool root = comm->rank() == 0;
-    std::string desc = to_string(o.transport);
-#if GZ_HAVE_UCX
-    if (auto* u = dynamic_cast<UcxTransport*>(&comm->transport())) desc = u->describe();
-#endif
+    const std::string desc = comm->transport().describe();
     if (o.predict) {
       // The model's shared inputs (collective): what every row's prediction uses.
       AllreduceCall call;
@@ -73,8 +67,8 @@ int main(int argc, char** argv) {
         finish(r);
       }
       if (!base_listed) finish(base);
-      if (o.transport == TransportKind::Nccl) {
-        bench::Row r = h.run_nccl_allreduce(n);
+      if (comm->transport().native_allreduce()) {  // the transport's own allreduce, as nccl-tests' reference
+        bench::Row r = h.run_native_allreduce(n);
         finish(r);
       }
     }

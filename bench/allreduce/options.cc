@@ -92,7 +92,7 @@ void usage(FILE* f) {
                "Compressed allreduce over N ranks, nccl-tests style: one row per size and codec.\n"
                "  --codecs LIST      comma-separated codec specs (default %s)\n"
                "  --sizes LIST       element counts with K/M/G suffixes (default 1M,4M,16M)\n"
-               "  --transport T      ucx | nccl (default ucx)\n"
+               "  --transport T      one of: %s (default %s)\n"
                "  --algorithm A      auto | allgather | scatter_reduce | hierarchical (default auto)\n"
                "  --segment BYTES    payload bytes per pipeline segment, K/M suffixes (default 1M)\n"
                "  --predict          also print the cost model's prediction (pred), its error, and the\n"
@@ -111,7 +111,8 @@ void usage(FILE* f) {
                "                     print a spec grid's specs (as written), an element count or a link as\n"
                "                     gradzip parses them, as JSON, and exit (2 and the reason when malformed)\n"
                "Codecs: %s\n",
-               joined(default_codecs()).c_str(), std::string(codec_names()).c_str());
+               joined(default_codecs()).c_str(), transport_names().c_str(), std::string(kDefaultTransport).c_str(),
+               std::string(codec_names()).c_str());
 }
 
 [[noreturn]] void bad(const std::string& msg) {
@@ -178,7 +179,7 @@ Options parse_options(int argc, char** argv) {
           if (o.sizes.empty()) bad("--sizes is empty");
           break;
         }
-        case 't': o.transport = parse_transport_kind(v); break;
+        case 't': o.transport = std::string(transport_descriptor(v).name); break;
         case 'a': o.algorithm = parse_algorithm(v); break;
         case 'i': o.iters = parse_count(optarg, "--iters"); break;
         case 'w': o.warmup = parse_count(optarg, "--warmup"); break;

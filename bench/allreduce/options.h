@@ -16,7 +16,7 @@ std::vector<std::string> default_codecs();
 struct Options {
   std::vector<std::string> codecs = default_codecs();
   std::vector<std::size_t> sizes = {1 << 20, 4 << 20, 16 << 20};  ///< floats
-  TransportKind transport = TransportKind::Ucx;
+  std::string transport{kDefaultTransport};  ///< a registered transport's name (comm/transports/registry.h)
   Algorithm algorithm = Algorithm::Auto;
   int iters = 5;
   int warmup = 2;

@@ -84,7 +84,7 @@ void print_row(const Row& r) {
                   r.predicted_fit_ms > 0 ? 100 * (r.predicted_fit_ms / r.total_ms - 1) : 0.0, r.limit_ms,
                   r.limit_ms > 0 ? r.total_ms / r.limit_ms : 0.0);
   std::printf("  %11zu  %-26s %-14s %12zu %7.2f %9.3f %9.3f %9.3f %9.3f %5.0f%% %4zu %9.3f %8.2f %9.2e %12zu  %s%s%s%s\n",
-              r.elements, r.codec.c_str(), r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm),
+              r.elements, r.codec.c_str(), r.native ? r.transport.c_str() : to_string(r.algorithm),
               r.wire_bytes, r.ratio, r.encode_ms, r.decode_ms, r.comm_ms, r.wait_ms, 100 * r.hidden, r.segments,
               r.total_ms, r.speedup, r.rel_error, r.workspace_bytes, r.ok ? "OK" : "FAILED",
               pred, r.note.empty() ? "" : ": ", r.note.c_str());
@@ -104,7 +104,7 @@ bool print_footer(const std::vector<Row>& rows) {
 std::string json_record(const Row& r) {
   std::ostringstream f;
   f << "{\"codec\": " << json_string(r.codec)
-    << ", \"algorithm\": " << json_string(r.codec == "ncclAllReduce" ? "nccl" : to_string(r.algorithm))
+    << ", \"algorithm\": " << json_string(r.native ? r.transport : std::string(to_string(r.algorithm)))
     << ", \"transport\": " << json_string(r.transport) << ", \"ranks\": " << r.ranks
     << ", \"elements\": " << r.elements << ", \"wire_bytes_per_rank\": " << r.wire_bytes
     << ", \"local_bytes_per_rank\": " << r.local_bytes

@@ -9,43 +9,8 @@
 #include "comm/store/sealed_store.h"
 #include "comm/store/tcp_store.h"
 #include "common/error.h"
-#if GZ_HAVE_UCX
-#include "comm/transports/ucx/ucx_transport.h"
-#endif
-#if GZ_HAVE_NCCL
-#include "comm/transports/nccl/nccl_transport.h"
-#endif
 
 namespace gz {
-
-TransportKind parse_transport_kind(std::string_view s) {
-  if (s == "ucx") return TransportKind::Ucx;
-  if (s == "nccl") return TransportKind::Nccl;
-  GZ_THROW(InvalidArgument, "unknown transport '", s, "'; valid: ucx, nccl");
-}
-
-const char* to_string(TransportKind k) { return k == TransportKind::Ucx ? "ucx" : "nccl"; }
-
-bool transport_available(TransportKind k) {
-#if GZ_HAVE_UCX
-  if (k == TransportKind::Ucx) return true;
-#endif
-#if GZ_HAVE_NCCL
-  if (k == TransportKind::Nccl) return true;
-#endif
-  (void)k;
-  return false;
-}
-
-namespace {
-
-void check_available(TransportKind kind) {
-  if (!transport_available(kind))
-    GZ_THROW(InvalidArgument, "this build of gradzip has no ", to_string(kind),
-             " transport (configure with GRADZIP_", kind == TransportKind::Ucx ? "UCX" : "NCCL", "=ON)");
-}
-
-}  // namespace
 
 // The key that tags the values of a communicator over a store gradzip did not
 // open (torch's): GRADZIP_JOB_TOKEN when set; else one rank 0 draws and
@@ -62,9 +27,9 @@ std::string shared_job_key(Store& store, const std::string& prefix, int rank, Ti
   return store.get(key, timeout);
 }
 
-std::unique_ptr<Communicator> Communicator::from_env(TransportKind kind, const CommunicatorOptions& options) {
+std::unique_ptr<Communicator> Communicator::from_env(std::string_view transport, const CommunicatorOptions& options) {
+  const TransportDescriptor& kind = transport_descriptor(transport);
   const RankInfo info = rank_info_from_env();
-  check_available(kind);
   StoreMember me{job_identity_from_env(), info.rank, info.world_size};
   const std::string job_key = me.job.mac_key();
   auto tcp = std::make_shared<TcpStore>(info.master_addr, info.master_port, info.rank == 0, std::move(me),
@@ -72,35 +37,22 @@ std::unique_ptr<Communicator> Communicator::from_env(TransportKind kind, const C
   return assemble(kind, std::move(tcp), job_key, info.rank, info.world_size, info.local_rank, options);
 }
 
-std::unique_ptr<Communicator> Communicator::create(TransportKind kind, std::shared_ptr<Store> store, int rank,
+std::unique_ptr<Communicator> Communicator::create(std::string_view transport, std::shared_ptr<Store> store, int rank,
                                                    int world_size, int local_rank, const CommunicatorOptions& options) {
-  check_available(kind);
+  const TransportDescriptor& kind = transport_descriptor(transport);
   GZ_ENFORCE(world_size >= 1 && rank >= 0 && rank < world_size, "rank ", rank, " is not in [0, ", world_size, ")");
   std::string job_key = shared_job_key(*store, options.prefix, rank, options.timeout);
   return assemble(kind, std::move(store), job_key, rank, world_size, local_rank, options);
 }
 
-// (Without UCX and NCCL, as in the fuzz build, no transport uses the ranks.)
-std::unique_ptr<Communicator> Communicator::assemble([[maybe_unused]] TransportKind kind, std::shared_ptr<Store> store,
-                                                     const std::string& job_key, [[maybe_unused]] int rank,
-                                                     [[maybe_unused]] int world_size,
-                                                     [[maybe_unused]] int local_rank,
-                                                     const CommunicatorOptions& options) {
+std::unique_ptr<Communicator> Communicator::assemble(const TransportDescriptor& kind, std::shared_ptr<Store> store,
+                                                     const std::string& job_key, int rank, int world_size,
+                                                     int local_rank, const CommunicatorOptions& options) {
   // Sealed below the prefix, so a value's tag covers its full key.
   auto sealed = std::make_shared<SealedStore>(std::move(store), job_key);
   auto prefixed = std::make_shared<PrefixStore>(options.prefix, std::move(sealed));
-  std::unique_ptr<Transport> transport;
-#if GZ_HAVE_UCX
-  if (kind == TransportKind::Ucx)
-    transport = std::make_unique<UcxTransport>(*prefixed, rank, world_size, options.timeout);
-#endif
-#if GZ_HAVE_NCCL
-  if (kind == TransportKind::Nccl) {
-    int device = options.cuda_device;
-    if (device < 0) device = local_rank % std::max(1, NcclTransport::device_count());
-    transport = std::make_unique<NcclTransport>(*prefixed, rank, world_size, device, options.timeout);
-  }
-#endif
+  std::unique_ptr<Transport> transport =
+      kind.make(TransportSetup{*prefixed, rank, world_size, local_rank, options.cuda_device, options.timeout});
   Topology topology;
   try {
     topology = discover_topology(*prefixed, rank, world_size, options.timeout);

@@ -1,7 +1,7 @@
 // Communicator: a Store, a Transport and the allreduce workspace, bundled for
 // users (and for the Python bindings, which bind exactly this class).
 //
-//   auto comm = gz::Communicator::from_env(gz::TransportKind::Ucx);
+//   auto comm = gz::Communicator::from_env("ucx");   // comm/transports/registry.h
 //   auto codec = gz::make_codec("onebit");
 //   gz::ErrorFeedback state;                     // error feedback: one per gradient buffer
 //   gz::AllreduceCall call;
@@ -23,24 +23,17 @@
 #include "comm/engine/error_feedback.h"
 #include "comm/engine/reduce_scatter.h"
 #include "comm/store/store.h"
+#include "comm/transports/registry.h"
 #include "comm/transports/transport.h"
 
 namespace gz {
 
 class AutoChoice;  // comm/cost/auto_choice.h
 
-enum class TransportKind : unsigned char { Ucx, Nccl };
-
-/// "ucx" | "nccl"; throws InvalidArgument.
-TransportKind parse_transport_kind(std::string_view s);
-const char* to_string(TransportKind k);
-/// Whether this build has the transport.
-bool transport_available(TransportKind k);
-
 struct CommunicatorOptions {
   Timeout timeout = default_timeout();  ///< default for every call (and the rendezvous)
   std::string prefix = "gradzip";       ///< Store namespace of this communicator
-  int cuda_device = -1;                 ///< NCCL: the GPU (-1: LOCAL_RANK modulo the GPU count)
+  int cuda_device = -1;                 ///< a device transport's GPU (-1: LOCAL_RANK modulo the GPU count)
   /// Closing waits (briefly) for every rank, so that rank 0's store and the
   /// endpoints outlive every rank's last call. Off for a transport over
   /// endpoints and a store someone else owns (torch's process group).
@@ -76,15 +69,16 @@ class Communicator {
   /// GRADZIP_JOB_TOKEN: rank 0 hosts the TcpStore, which admits this job's
   /// ranks only; then the transport connects every pair, and the ranks learn
   /// each other's nodes (discover_topology). Collective.
-  static std::unique_ptr<Communicator> from_env(TransportKind kind, const CommunicatorOptions& options = {});
+  /// `transport`: a registered transport's name (comm/transports/registry.h).
+  static std::unique_ptr<Communicator> from_env(std::string_view transport, const CommunicatorOptions& options = {});
 
   /// Over a store the caller already shares with the other ranks (e.g.
   /// torch.distributed's): the transport rendezvous under options.prefix.
   /// Values are tagged with GRADZIP_JOB_TOKEN when set, else with a key rank 0
   /// shares through the store (comm/store/sealed_store.h; docs/comm.md says
   /// what each guarantees).
-  /// `local_rank` picks the GPU for NCCL when options.cuda_device < 0. Collective.
-  static std::unique_ptr<Communicator> create(TransportKind kind, std::shared_ptr<Store> store, int rank,
+  /// `local_rank` picks the GPU of a device transport when options.cuda_device < 0. Collective.
+  static std::unique_ptr<Communicator> create(std::string_view transport, std::shared_ptr<Store> store, int rank,
                                               int world_size, int local_rank, const CommunicatorOptions& options = {});
 
   /// Over a transport the caller made (e.g. one a Python object drives): the
@@ -156,7 +150,7 @@ class Communicator {
   template <class F>
   void guarded(F&& f);
 
-  static std::unique_ptr<Communicator> assemble(TransportKind kind, std::shared_ptr<Store> store,
+  static std::unique_ptr<Communicator> assemble(const TransportDescriptor& transport, std::shared_ptr<Store> store,
                                                 const std::string& job_key, int rank, int world_size, int local_rank,
                                                 const CommunicatorOptions& options);
 

@@ -16,8 +16,8 @@
 
 namespace gz {
 
-inline constexpr std::uint32_t kUcxAddressMagic = 0x41555A47u;  // "GZUA"
-inline constexpr std::uint32_t kNcclIdMagic = 0x494E5A47u;      // "GZNI"
+// Each kind of blob has its own magic, defined beside its transport
+// (comm/transports/<name>/), so that one kind never parses as another.
 
 std::string frame_peer_blob(std::uint32_t magic, int rank, std::string_view blob);
 

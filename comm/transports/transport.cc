@@ -11,6 +11,12 @@ Transport::~Transport() = default;
 
 void Transport::synchronize(const CallContext&) {}
 
+std::string Transport::describe() const { return name(); }
+
+void Transport::native_allreduce_sum(float*, std::size_t, const CallContext&) {
+  GZ_THROW(InvalidArgument, "the ", name(), " transport has no allreduce of its own");
+}
+
 void Transport::exchange_with_all(std::span<const ConstSlice> send_to, std::span<const Slice> recv,
                                   std::span<std::size_t> received, const CallContext& ctx) {
   const auto P = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());

@@ -61,6 +61,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "comm/base/env.h"
@@ -160,6 +161,15 @@ class Transport {
   virtual bool device_memory() const = 0;
   /// Pinned host bytes held for staging CUDA buffers (0 if none).
   virtual std::size_t staging_bytes() const { return 0; }
+
+  /// What the transport runs on, for benchmark headers (default: name()).
+  virtual std::string describe() const;
+  /// The name of the library's own dense allreduce, which the benchmark runs
+  /// as a baseline row ("ncclAllReduce"), or nullptr when it has none.
+  virtual const char* native_allreduce() const { return nullptr; }
+  /// That allreduce: n floats summed in place over the ranks, then
+  /// synchronized. Throws InvalidArgument when native_allreduce() is nullptr.
+  virtual void native_allreduce_sum(float* buffer, std::size_t n, const CallContext& ctx);
 
  protected:
   /// The exchange with every peer that allgatherv and alltoallv are:

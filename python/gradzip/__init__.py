@@ -40,8 +40,8 @@ from ._core import (
 from .codec import Codec
 from .error_feedback import ErrorFeedback
 
-if BUILD["comm"]:  # gradzip's own transports
-    from ._core import server_codec_spec
+if BUILD["comm"]:  # gradzip's own transports (comm/transports/registry.h)
+    from ._core import server_codec_spec, transport_available, transport_names
     from .comm import AllreduceState, Communicator  # AllreduceState: deprecated alias of ErrorFeedback
 
 # Created in C++ under gradzip._core; shown as gradzip.<name> in tracebacks.
@@ -70,7 +70,7 @@ __all__ = [
     "split_spec_list",
 ]
 if BUILD["comm"]:
-    __all__ += ["AllreduceState", "Communicator", "server_codec_spec"]
+    __all__ += ["AllreduceState", "Communicator", "server_codec_spec", "transport_available", "transport_names"]
 
 # The collective algorithms' registry (issue 23): names, descriptions and
 # each one's cost formula, from C++ (comm/algorithms/registry.h).

@@ -156,11 +156,11 @@ gz::CommunicatorOptions make_options(std::optional<double> timeout_s, const std:
 
 std::unique_ptr<CommHandle> from_env(std::string_view transport, std::optional<double> timeout_s,
                                      const std::string& prefix, int cuda_device) {
-  const gz::TransportKind kind = gz::parse_transport_kind(transport);
+  gz::transport_descriptor(transport);  // an unknown or absent transport: before anything starts
   const gz::CommunicatorOptions options = make_options(timeout_s, prefix, cuda_device);
   auto h = std::make_unique<CommHandle>();
   nb::gil_scoped_release release;
-  h->comm = gz::Communicator::from_env(kind, options);
+  h->comm = gz::Communicator::from_env(transport, options);
   return h;
 }
 
@@ -173,7 +173,7 @@ void check_store(const nb::object& store) {
 
 std::unique_ptr<CommHandle> from_store(nb::object store, int rank, int world_size, std::string_view transport,
                                        std::optional<double> timeout_s, const std::string& prefix, int cuda_device) {
-  const gz::TransportKind kind = gz::parse_transport_kind(transport);
+  gz::transport_descriptor(transport);  // an unknown or absent transport: before anything starts
   if (world_size < 1 || rank < 0 || rank >= world_size)
     GZ_THROW(gz::InvalidArgument, "rank ", rank, " is not in [0, ", world_size, ")");
   check_store(store);
@@ -182,7 +182,7 @@ std::unique_ptr<CommHandle> from_store(nb::object store, int rank, int world_siz
   auto h = std::make_unique<CommHandle>();
   nb::gil_scoped_release release;
   // A torch store has no local rank; one GPU per rank on a node is the usual layout.
-  h->comm = gz::Communicator::create(kind, std::move(py), rank, world_size, rank, options);
+  h->comm = gz::Communicator::create(transport, std::move(py), rank, world_size, rank, options);
   return h;
 }
 
@@ -479,8 +479,18 @@ void bind_comm(nb::module_& m) {
         "within the timeout or a value is not a member's (the DDP hook's agreement).");
   m.def("_default_timeout_s", [] { return static_cast<double>(gz::default_timeout().count()) / 1000.0; },
         "GRADZIP_TIMEOUT_S in seconds (default 60), as the communicator reads it.");
-  m.def("transport_available", [](std::string_view t) { return gz::transport_available(gz::parse_transport_kind(t)); },
-        nb::arg("transport"), "Whether this build has the transport ('ucx' or 'nccl').");
+  m.def("transport_available",
+        [](std::string_view t) {
+          if (!gz::find_transport(t)) gz::transport_descriptor(t);  // unknown: InvalidArgument naming the valid ones
+          return gz::transport_available(t);
+        },
+        nb::arg("transport"), "Whether this build has the transport (a name of comm/transports/registry.h).");
+  m.def("transport_names", [] {
+        std::vector<std::string> names;
+        for (const gz::TransportDescriptor* d : gz::all_transports()) names.emplace_back(d->name);
+        return names;
+      },
+      "Every registered transport's name, built or not (comm/transports/registry.h).");
 }
 
 }  // namespace gzpy

@@ -16,6 +16,9 @@
 #include "compressors/descriptor.h"
 #include "compressors/spec.h"
 #include "compressors/wire_format.h"
+#if GZ_PY_HAVE_COMM
+#include "comm/transports/registry.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -173,15 +176,9 @@ NB_MODULE(_core, m) {
 #else
   build["comm"] = false;
 #endif
-#if GZ_HAVE_UCX
-  build["ucx"] = true;
-#else
-  build["ucx"] = false;
-#endif
-#if GZ_HAVE_NCCL
-  build["nccl"] = true;
-#else
-  build["nccl"] = false;
+#if GZ_PY_HAVE_COMM
+  // One key per registered transport: whether this build has it (comm/transports/registry.h).
+  for (const gz::TransportDescriptor* d : gz::all_transports()) build[std::string(d->name).c_str()] = d->make != nullptr;
 #endif
   m.attr("BUILD") = build;
 

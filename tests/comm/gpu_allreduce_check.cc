@@ -27,7 +27,7 @@
 #include "common/cuda_check.h"
 #include "kernels/cuda.h"
 #if GZ_HAVE_NCCL
-#include "comm/transports/nccl/nccl_transport.h"
+#include "comm/transports/registry.h"
 #endif
 #include "comm/transports/ucx/ucx_transport.h"
 
@@ -59,20 +59,19 @@ int main(int argc, char** argv) {
     auto tcp = gz::TcpStore::from_env();
     auto host_store = std::make_shared<gz::PrefixStore>("host", tcp);
     auto dev_store = std::make_shared<gz::PrefixStore>("dev", tcp);
-    gz::Communicator host(host_store, std::make_unique<gz::UcxTransport>(*host_store, info.rank, info.world_size));
-    std::unique_ptr<gz::Transport> dev_transport;
-    if (kind == "nccl") {
-#if GZ_HAVE_NCCL
-      dev_transport = std::make_unique<gz::NcclTransport>(*dev_store, info.rank, info.world_size,
-                                                          info.local_rank % gz::kernels::cuda::device_count());
-#else
-      std::printf("skipping: this build has no NCCL\n");
+    // Through the registry (comm/transports/registry.h), as the Communicator makes them.
+    auto make = [&](std::string_view name, gz::Store& store) {
+      return gz::transport_descriptor(name).make(
+          gz::TransportSetup{store, info.rank, info.world_size, info.local_rank, -1, gz::default_timeout()});
+    };
+    if (!gz::transport_available(kind)) {
+      std::printf("skipping: this build has no %s transport\n", kind.c_str());
       return 77;
-#endif
-    } else {
-      GZ_CUDA_CHECK(cudaSetDevice(info.local_rank % gz::kernels::cuda::device_count()));
-      dev_transport = std::make_unique<gz::UcxTransport>(*dev_store, info.rank, info.world_size);
     }
+    gz::Communicator host(host_store, make(gz::kDefaultTransport, *host_store));
+    // A device transport picks its GPU from the local rank; a host one stages through the current device.
+    GZ_CUDA_CHECK(cudaSetDevice(info.local_rank % gz::kernels::cuda::device_count()));
+    std::unique_ptr<gz::Transport> dev_transport = make(kind, *dev_store);
     gz::Communicator dev(dev_store, std::move(dev_transport));
     cudaStream_t stream;
     GZ_CUDA_CHECK(cudaStreamCreate(&stream));

@@ -67,7 +67,7 @@ TEST(MpHarness, RefusesToForkBesideARunningThread) {
 TEST_P(Mp, NoneIsExactForEveryAlgorithmAndSize) {
   const int P = GetParam();
   const auto res = run_ranks(P, [P](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     auto codec = make_codec("none");
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t(P - 1), std::size_t{1001}, std::size_t{300007}})
       for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
@@ -91,7 +91,7 @@ TEST_P(Mp, CodecsAreWithinBoundAndIdenticalOnAllRanks) {
   const std::vector<std::string> specs = {"fp16", "bf16", "onebit", "topk:density=0.01",
                                           "topk:density=0.05,select=sample"};
   const auto res = run_ranks(P, [&](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     for (const auto& spec : specs)
       for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
         for (std::size_t n : {std::size_t{5}, std::size_t{40009}}) {
@@ -120,7 +120,7 @@ TEST_P(Mp, CodecsAreWithinBoundAndIdenticalOnAllRanks) {
 TEST_P(Mp, ErrorFeedbackConvergesToTheRunningSum) {
   const int P = GetParam();
   const auto res = run_ranks(P, [P](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     const std::size_t n = 1500;
     const int steps = 200;
     for (const char* spec : {"topk:density=0.01", "onebit"}) {
@@ -150,7 +150,7 @@ TEST_P(Mp, MismatchFailsOnEveryRankNamingTheRank) {
   const int P = GetParam();
   const int odd = P - 1;
   const auto res = run_ranks(P, [odd](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     auto codec = make_codec(rank == odd ? "fp16" : "onebit");
     ErrorFeedback state;
     std::vector<float> buf(rank == odd ? 77 : 100, 1.0f);
@@ -171,7 +171,7 @@ TEST_P(Mp, MismatchFailsOnEveryRankNamingTheRank) {
 TEST_P(Mp, ExchangesMatchPerPairInPostingOrder) {
   const int P = GetParam();
   const auto res = run_ranks(P, [](int) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     const std::string broke = check_exchanges(comm->transport(), comm->timeout());
     if (!broke.empty()) std::fprintf(stderr, "%s\n", broke.c_str());
     MP_CHECK(broke.empty());
@@ -185,7 +185,7 @@ TEST_P(Mp, ExchangesMatchPerPairInPostingOrder) {
 TEST_P(Mp, SegmentedCallsGiveTheUnsegmentedBits) {
   const int P = GetParam();
   const auto res = run_ranks(P, [](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     const std::size_t n = 300007;
     for (const char* spec : {"none", "fp16", "onebit"})
       for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
@@ -227,7 +227,7 @@ TEST(MpHierarchical, NodesFoundAndTheResultExact) {
   const auto res = run_ranks(4, [](int rank) {
     ::setenv("GRADZIP_NODE", std::to_string(rank / 2).c_str(), 1);
     ::setenv("LOCAL_RANK", std::to_string(rank % 2).c_str(), 1);
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     MP_CHECK(comm->topology().describe() == "4 ranks: 2 nodes x 2");
     const std::size_t n = 100003;
     {
@@ -263,7 +263,7 @@ TEST(MpHierarchical, ContradictoryLocalSizeIsRefused) {
   o.env["LOCAL_WORLD_SIZE"] = "2";
   const auto res = run_ranks(3, [](int) {
     ::setenv("GRADZIP_NODE", "same", 1);
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     return kOk;
   }, o);
   for (const auto& r : res) {
@@ -292,7 +292,7 @@ std::vector<double> kill_one_rank(const std::map<std::string, std::string>& env,
   if (c.per_node) mo.env["LOCAL_WORLD_SIZE"] = std::to_string(c.per_node);
   const auto res = run_ranks(P, [P, c](int rank) {
     if (c.per_node) ::setenv("GRADZIP_NODE", std::to_string(rank / c.per_node).c_str(), 1);
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     auto codec = make_codec(c.codec);
     ErrorFeedback state;
     const std::size_t n = 1 << 20;
@@ -354,7 +354,7 @@ TEST(MpFailure, KilledRankDuringAHierarchicalCall) {
 TEST(MpFailure, SilentRankMakesTheOthersTimeOut) {
   const int P = 3, timeout_s = 3;
   const auto res = run_ranks(P, [P](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     auto codec = make_codec("onebit");
     ErrorFeedback state;
     std::vector<float> buf(1000, 1.0f);
@@ -392,7 +392,7 @@ TEST(MpFailure, SilentRankMakesTheOthersTimeOut) {
 TEST(MpState, SaveRestoreContinuesBitIdentically) {
   const int P = 3;
   const auto res = run_ranks(P, [](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     auto codec = make_codec("onebit");
     const std::size_t n = 10007;
     std::uint64_t fp[2] = {0, 0};

@@ -23,6 +23,7 @@
 #include "comm/store/hash_store.h"
 #include "comm/store/tcp_store.h"
 #include "comm/transports/ucx/ucx_transport.h"
+#include "comm/transports/ucx/worker_address.h"
 #include "common/error.h"
 #include "tests/comm/multiprocess.h"
 #include "tests/comm/reference.h"
@@ -158,7 +159,7 @@ TEST(MpTrust, StrayClientCannotForgeTheAgreement) {
   o.port = free_port();
   StrayClient stray(o.port);
   const auto res = run_ranks(2, [](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     auto codec = make_codec("none");
     ErrorFeedback state;
     AllreduceCall call;
@@ -187,7 +188,7 @@ TEST(MpTrust, StrayWritesDuringTheWholeJobChangeNothing) {
   StrayClient stray(o.port);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // already at it when rank 0 starts
   const auto res = run_ranks(P, [P](int rank) {
-    auto comm = Communicator::from_env(TransportKind::Ucx);
+    auto comm = Communicator::from_env("ucx");
     auto codec = make_codec("none");
     for (int step = 0; step < 20; ++step) {
       ErrorFeedback state;  // a new state: every step agrees again
@@ -212,7 +213,7 @@ TEST(MpTrust, TwoJobsOnOnePortNeverMix) {
     const int port = free_port();
     auto body_for = [](int job) {
       return [job](int rank) {
-        auto comm = Communicator::from_env(TransportKind::Ucx);
+        auto comm = Communicator::from_env("ucx");
         auto codec = make_codec("none");
         for (int step = 0; step < 10; ++step) {
           const int seed = 1000 * job + step;
@@ -279,7 +280,7 @@ TEST(MpTrust, GarbageWorkerAddressIsAnIoErrorNamingTheRank) {
       auto shared = std::make_shared<HashStore>(Timeout(2000));
       shared->set("gradzip/ucx/addr/1", frame_peer_blob(kUcxAddressMagic, 1, junk));
       try {
-        Communicator::create(TransportKind::Ucx, shared, 0, 2, 0);
+        Communicator::create("ucx", shared, 0, 2, 0);
       } catch (const IoError& e) {
         std::printf("refused: %s\n", e.what());
         refused += std::string(e.what()).find("gradzip/ucx/addr/1") != std::string::npos;

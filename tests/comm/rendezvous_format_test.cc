@@ -143,7 +143,7 @@ TEST(PeerBlob, RoundTripsAndRejectsDamageNamingTheRank) {
   for (std::size_t k = 0; k < framed.size(); ++k) EXPECT_TRUE(rejects(framed.substr(0, k), 1000, kUcxAddressMagic, 3));
   EXPECT_TRUE(rejects(framed + "x", 1000, kUcxAddressMagic, 3));
   EXPECT_TRUE(rejects(framed, 1000, kUcxAddressMagic, 2));   // written as another rank's
-  EXPECT_TRUE(rejects(framed, 1000, kNcclIdMagic, 3));       // another kind
+  EXPECT_TRUE(rejects(framed, 1000, 0x494E5A47u, 3));        // another kind (NCCL's unique id)
   EXPECT_TRUE(rejects(framed, 299, kUcxAddressMagic, 3));    // over the limit
   std::mt19937 rng(1);
   for (std::size_t n : {64u, 400u}) {  // the random values a stray client wrote in the issue

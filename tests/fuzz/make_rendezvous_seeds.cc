@@ -12,6 +12,7 @@
 #include "comm/store/sealed_store.h"
 #include "comm/store/store_handshake.h"
 #include "comm/store/store_protocol.h"
+#include "comm/transports/ucx/worker_address.h"
 #include "common/bytes.h"
 #include "common/checksum.h"
 #include "tests/fuzz/ucx_address_samples.h"

@@ -60,3 +60,17 @@ def test_readme_quotes_the_example():
     assert "examples/ddp_hook.py" in readme, "README.md must show examples/ddp_hook.py"
     body = EXAMPLE.read_text().strip()
     assert body in readme, "README.md's DDP example differs from examples/ddp_hook.py: copy the file into it"
+
+
+@pytest.mark.skipif(not gradzip.BUILD["comm"], reason="this gradzip build has no communicator")
+def test_transports_come_from_the_registry():
+    # One key in BUILD per registered transport (comm/transports/registry.h), and the same answer
+    # from transport_available; an unknown name is refused naming the valid ones.
+    names = gradzip.transport_names()
+    assert names and len(set(names)) == len(names)
+    for name in names:
+        assert gradzip.BUILD[name] == gradzip.transport_available(name), name
+    with pytest.raises(gradzip.InvalidArgument, match="unknown transport 'tcp'; valid: " + ", ".join(names)):
+        gradzip.transport_available("tcp")
+    with pytest.raises(gradzip.InvalidArgument, match="unknown transport 'tcp'"):
+        gradzip.Communicator.from_env("tcp")

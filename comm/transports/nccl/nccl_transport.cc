@@ -13,6 +13,12 @@
 #include "common/cuda_check.h"
 
 namespace gz {
+
+namespace {
+// The peer_blob magic of NCCL's unique id in the store ("GZNI").
+constexpr std::uint32_t kNcclIdMagic = 0x494E5A47u;
+}  // namespace
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -233,7 +239,7 @@ void NcclTransport::barrier(const CallContext& ctx) {
   synchronize(c);
 }
 
-void NcclTransport::allreduce_sum(float* buffer, std::size_t n, const CallContext& ctx) {
+void NcclTransport::native_allreduce_sum(float* buffer, std::size_t n, const CallContext& ctx) {
   impl_->check_usable(ctx);
   const auto deadline = Clock::now() + ctx.timeout;
   GZ_NCCL_CHECK(ncclAllReduce(buffer, buffer, n, ncclFloat32, ncclSum, impl_->comm,

@@ -51,7 +51,8 @@ class NcclTransport final : public Transport {
   /// The communicator, for the benchmark's ncclAllReduce baseline.
   ncclComm_t comm() const;
   /// Sum-allreduce of n floats in place with ncclAllReduce (bench baseline), then synchronize.
-  void allreduce_sum(float* buffer, std::size_t n, const CallContext& ctx);
+  const char* native_allreduce() const override { return "ncclAllReduce"; }
+  void native_allreduce_sum(float* buffer, std::size_t n, const CallContext& ctx) override;
 
  private:
   struct Impl;

@@ -70,7 +70,7 @@ class UcxTransport final : public Transport {
   std::size_t staging_bytes() const override;
 
   /// The UCX transports in use, as UCX reports them (for bench headers).
-  std::string describe() const;
+  std::string describe() const override;
 
  private:
   struct Impl;

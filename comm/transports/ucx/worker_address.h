@@ -33,10 +33,14 @@
 // the lengths, only the header is checked.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace gz {
+
+/// The peer_blob magic of a UCX worker address in the store ("GZUA").
+inline constexpr std::uint32_t kUcxAddressMagic = 0x41555A47u;
 
 /// Why `peer` is not a worker address this rank's UCX can take, given this
 /// rank's own worker address `own`; "" when it is.
