@@ -9,7 +9,8 @@ Accelerate with DDP's default find_unused_parameters=False).
 MODE: ``full`` trains STEPS steps and saves through the stack at step
 SAVE_AT; ``resume`` resumes from that checkpoint and trains to STEPS;
 ``plain`` is ``resume`` without gradzip's integration (the stack's own
-checkpoint only); ``broken`` resumes after rank 1's gradzip file was
+checkpoint only); ``top1`` (Lightning) is ``full`` keeping only the latest
+checkpoint and last.ckpt; ``broken`` resumes after rank 1's gradzip file was
 overwritten with garbage. Every rank writes one line to FOLDER/MODE-rank<r>.txt:
 ``RESULT rank=<r> digest=<sha256 of its parameters> gz=<what gradzip saw>``, or
 ``ERROR rank=<r> <exception>``.
@@ -207,8 +208,9 @@ def lightning(entry: str, mode: str, folder: str) -> str:
     pl.seed_everything(0, verbose=False)
     module = LM()
     obj = compression(entry) if entry not in ("adamw", "none") else "optimizer"
-    ckpt_cb = pl.callbacks.ModelCheckpoint(dirpath=folder, every_n_train_steps=SAVE_AT, save_top_k=-1,
-                                           filename="{step}")
+    keep = 1 if mode == "top1" else -1  # top1: Lightning keeps the latest checkpoint (and last.ckpt) only
+    ckpt_cb = pl.callbacks.ModelCheckpoint(dirpath=folder, every_n_train_steps=SAVE_AT, save_top_k=keep,
+                                           filename="{step}", save_last=mode == "top1")
     strategy = pl.strategies.DDPStrategy(process_group_backend="cpu:gradzip,cuda:gradzip", find_unused_parameters=True) \
         if entry == "backend" else pl.strategies.DDPStrategy(process_group_backend="gloo")
     callbacks = [ckpt_cb] + ([gz_pl.GradzipCallback(obj)] if mode != "plain" and entry != "none" else [])
@@ -218,7 +220,7 @@ def lightning(entry: str, mode: str, folder: str) -> str:
     path = os.path.join(folder, f"step={SAVE_AT}.ckpt")
     if mode == "broken":
         rank_files(os.path.join(folder, "gradzip", f"step-{SAVE_AT}"))
-    t.fit(module, ckpt_path=None if mode == "full" else path)
+    t.fit(module, ckpt_path=None if mode in ("full", "top1") else path)
     what = "none" if entry == "none" else seen(entry, t.optimizers[0] if entry == "adamw" else obj)
     return f"digest={digest(module.parameters())} gz={what}"
 

@@ -114,6 +114,17 @@ def test_lightning_rank_files_follow_the_checkpoint(uninterrupted) -> None:
         ["gradzip-rank0-of-2.pt", "gradzip-rank1-of-2.pt"]
 
 
+def test_lightning_rank_files_go_with_the_checkpoints_lightning_removes(tmp_path: Path) -> None:
+    # save_top_k=1 and save_last: Lightning removes step=4.ckpt after step 8 and writes last.ckpt
+    # again; the rank files of step 4, which no kept checkpoint names, go with them (before: every
+    # checkpoint's rank files stayed, a residual per rank per save).
+    run("lightning", "hook", "top1", tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["last.ckpt", "step=8.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "gradzip").iterdir()) == ["step-8"]
+    assert sorted(p.name for p in (tmp_path / "gradzip" / "step-8").iterdir()) == \
+        ["gradzip-rank0-of-2.pt", "gradzip-rank1-of-2.pt"]
+
+
 def test_backend_under_a_rebuilding_ddp_warns_and_starts_fresh(uninterrupted, tmp_path: Path) -> None:
     """DDP's default (find_unused_parameters=False) lays its buckets out
     again after the first step; the backend's residuals, keyed by call,
