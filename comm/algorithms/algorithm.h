@@ -55,6 +55,8 @@ class WorkspaceCarver;
 namespace detail {
 struct Run;
 }  // namespace detail
+struct CostInputs;  // comm/cost/cost_model.h
+struct Prediction;
 
 /// One call as a cost formula sees it: the codec (and scatter_reduce's
 /// server codec), the buffer, the ranks and their nodes.
@@ -91,8 +93,17 @@ struct AlgorithmDescriptor {
   /// An allreduce algorithm (AllreduceOptions::algorithm); false: a
   /// collective of its own (reduce_scatter).
   bool allreduce = true;
-  /// Needs the same number of ranks on every node (hierarchical).
-  bool uniform_nodes = false;
+  /// Lays its work out by the ranks' nodes and needs the same number of
+  /// ranks on every node (hierarchical): its residuals and its agreement
+  /// depend on the topology, which a saved state does not hold.
+  bool follows_nodes = false;
+  /// Its result is what the server codec's payloads decode to (the chunk
+  /// sums re-encoded: scatter_reduce): a caller that keeps its payloads
+  /// (hierarchical, across nodes) decodes them with the server codec.
+  bool server_phase = false;
+  /// The first ErrorFeedback save format that holds its state (the
+  /// algorithm's byte in a saved state: error_feedback.cc).
+  std::uint8_t state_version = 2;
   /// Runs the call on the engine's prepared Run: lays out its slots from
   /// `wire` (transport-visible memory) and `local` (sums), and with a
   /// sizing (null-based) carver returns right after.
@@ -103,6 +114,25 @@ struct AlgorithmDescriptor {
                                                              const Topology& topology) = nullptr;
   /// The bytes and rounds of one call (cost models, tests, gradzip.algorithms()).
   WireCost (*wire_cost)(const CostQuery& q) = nullptr;
+
+  // -- auto (resolve_algorithm, comm/cost/auto_choice.h) ----------------------
+  /// Whether Auto may run it for `codec` on ranks of this shape (null: never).
+  bool (*auto_candidate)(const CodecConfig& codec, const TopologyShape& shape) = nullptr;
+  /// Auto without a link model runs the candidate of the highest priority,
+  /// then of the fewest auto_bytes, then the first in the registry.
+  int auto_priority = 0;
+  /// Bytes per element one rank sends, for a codec of c and a server codec
+  /// of s payload bytes per element on `ranks` ranks (auto's rule by bytes).
+  double (*auto_bytes)(double c, double s, int ranks) = nullptr;
+
+  // -- time (comm/cost/cost_model.h) --------------------------------------------
+  /// The cost model's time of one call (null: none; auto by the model skips it).
+  Prediction (*predict)(const CostInputs& in) = nullptr;
+  /// Bytes of memory one rank's codec work touches in one call, and the bytes
+  /// it sends to each peer: the call's memory-traffic and link limit
+  /// (memory_limit). Null: no limit.
+  double (*memory_bytes)(const CostInputs& in) = nullptr;
+  double (*bytes_per_peer)(const CostInputs& in) = nullptr;
 };
 
 /// Every algorithm, in Algorithm enum order (Auto aside).

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "comm/algorithms/flat.h"
+#include "comm/cost/cost_model.h"
 #include "comm/engine/allreduce.h"
 #include "common/error.h"
 
@@ -106,6 +107,21 @@ std::pair<std::uint64_t, std::uint64_t> allgather_residuals(const CodecConfig&, 
   return {n, 0};  // the worker residual of the whole buffer
 }
 
+// auto: always a candidate (one round, one compression); (P-1) payloads.
+bool allgather_candidate(const CodecConfig&, const TopologyShape&) { return true; }
+double allgather_auto_bytes(double c, double, int ranks) { return (ranks - 1) * c; }
+
+Prediction allgather_predict(const CostInputs& in) { return flat_allgather_prediction(in, world_group(in), in.n); }
+
+double allgather_memory(const CostInputs& in) {
+  const double n = static_cast<double>(in.n), P = in.ranks, c = codec_bytes(in);
+  const double ef = in.ef && !in.raw ? 8.0 : 0.0;  // residual read and written
+  if (in.raw) return P * 4 * n + 4 * n;            // the sum reads P arrays, writes one
+  return (4 + ef + c) * n + P * c * n + 4 * n;       // encode; decode_sum of P payloads into out
+}
+
+double allgather_bytes_per_peer(const CostInputs& in) { return codec_bytes(in) * static_cast<double>(in.n); }
+
 }  // namespace
 }  // namespace gz::detail
 
@@ -115,9 +131,15 @@ extern const AlgorithmDescriptor allgather{
     .name = "allgather",
     .id = Algorithm::Allgather,
     .summary = "every rank's payload of the whole buffer to every rank, summed in rank order; (P-1) payloads per rank",
+    .state_version = 1,
     .run = detail::run_allgather,
     .residual_counts = detail::allgather_residuals,
     .wire_cost = detail::allgather_cost,
+    .auto_candidate = detail::allgather_candidate,
+    .auto_bytes = detail::allgather_auto_bytes,
+    .predict = detail::allgather_predict,
+    .memory_bytes = detail::allgather_memory,
+    .bytes_per_peer = detail::allgather_bytes_per_peer,
 };
 
 }  // namespace gz::algorithms

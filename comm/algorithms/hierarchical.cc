@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "comm/algorithms/flat.h"
+#include "comm/cost/cost_model.h"
 #include "comm/engine/allreduce.h"
 #include "common/error.h"
 
@@ -204,8 +205,9 @@ WireCost hierarchical_cost(const CostQuery& q) {
   if (!lossless) {
     kept = 0;
     for (int j = 0; j < p.N; ++j)
-      kept += inner == Algorithm::Allgather ? payload_bytes(q.codec, shard)
-                                            : payload_bytes(q.server, chunk_range(shard, p.N, j, grain).count);
+      kept += !algorithm_descriptor(inner).server_phase
+                  ? payload_bytes(q.codec, shard)
+                  : payload_bytes(q.server, chunk_range(shard, p.N, j, grain).count);
   }
   c.bytes += static_cast<double>(p.L - 1) * kept;
   c.messages = 2 * static_cast<std::uint64_t>(p.L - 1) + x.messages;
@@ -222,7 +224,62 @@ std::pair<std::uint64_t, std::uint64_t> hierarchical_residuals(const CodecConfig
   const Algorithm inner = resolve_algorithm(Algorithm::Auto, codec, p.N);
   // Chunks cut as flat cuts them for every shard of a node: by the largest.
   const std::size_t grain = chunk_grain(codec, chunk_range(n, p.L, 0).count, p.N);
-  return {shard, inner == Algorithm::ScatterReduce ? chunk_range(shard, p.N, p.node, grain).count : 0};
+  return {shard, algorithm_descriptor(inner).server_phase ? chunk_range(shard, p.N, p.node, grain).count : 0};
+}
+
+// auto: several nodes of the same size, several ranks each (the local
+// traffic then moves uncompressed over the fast path, and only the shards
+// cross the slow links, compressed): before any flat algorithm.
+bool hierarchical_candidate(const CodecConfig&, const TopologyShape& shape) {
+  return shape.nodes >= 2 && shape.per_node >= 2;
+}
+
+// The cost model: its three phases one after another, each pipelined.
+Prediction hierarchical_predict(const CostInputs& in) {
+  const int L = in.per_node;
+  if (L < 2 || in.ranks % L != 0)
+    GZ_THROW(InvalidArgument, "the hierarchical cost needs nodes of 2 or more ranks, got ", in.ranks, " ranks, ", L,
+             " per node");
+  const int N = in.ranks / L;
+  const std::size_t shard = (in.n + static_cast<std::size_t>(L) - 1) / static_cast<std::size_t>(L);
+  const CostGroup node{L, L - 1, 1}, column{N, 0, L};
+  Prediction p;
+  // 1. reduce-scatter inside the node, fp32 (the floats on the host).
+  {
+    const std::size_t seg = model_segment_elems(shard, 4.0, in.segment_bytes);
+    const std::size_t S = (shard + seg - 1) / seg;
+    const double m = static_cast<double>(shard) / static_cast<double>(S);
+    const double d = (sum_seconds(in, m, L) + transport_cpu_seconds(in, node, 4 * m)) * in.compute_share;
+    const double w = exchange_seconds(in, node, 4 * m);
+    p.total_s += pipeline_seconds(S, 0, d, w);
+    p.compute_s += S * d;
+    p.segments = S;
+  }
+  // 2. the compressed allreduce of the shard across the nodes.
+  const bool gather = !algorithm_descriptor(in.inner).server_phase;
+  const Prediction across =
+      gather ? flat_allgather_prediction(in, column, shard) : flat_scatter_reduce_prediction(in, column, shard);
+  p.total_s += across.total_s;
+  p.compute_s += across.compute_s;
+  p.wire_s += across.wire_s;
+  p.segments = std::max(p.segments, across.segments);
+  // 3. every shard to every member of the node: the fp32 shard (raw), or
+  // the payloads flat kept, decoded by each member.
+  const double per = static_cast<double>(shard);
+  double bytes = 0, decode = 0;
+  if (in.raw) {
+    bytes = 4 * per;
+  } else if (gather) {
+    bytes = N * per * in.codec.bytes_per_element;
+    decode = (L - 1) * decode_seconds(in.codec, per, N);
+  } else {
+    bytes = per * in.server.bytes_per_element;
+    decode = (L - 1) * decode_seconds(in.server, per, 1);
+  }
+  decode = (decode + transport_cpu_seconds(in, node, bytes)) * in.compute_share;
+  p.total_s += exchange_seconds(in, node, bytes) + decode;
+  p.compute_s += decode;
+  return p;
 }
 
 }  // namespace
@@ -235,10 +292,13 @@ extern const AlgorithmDescriptor hierarchical{
     .id = Algorithm::Hierarchical,
     .summary = "fp32 reduce-scatter inside each node, a compressed allreduce of each shard across the nodes, "
                "the shards' payloads shared inside each node",
-    .uniform_nodes = true,
+    .follows_nodes = true,
     .run = detail::hierarchical,
     .residual_counts = detail::hierarchical_residuals,
     .wire_cost = detail::hierarchical_cost,
+    .auto_candidate = detail::hierarchical_candidate,
+    .auto_priority = 1,
+    .predict = detail::hierarchical_predict,
 };
 
 }  // namespace gz::algorithms

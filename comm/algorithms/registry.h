@@ -1,9 +1,11 @@
 // The algorithm registry: every collective algorithm gradzip runs, one line
-// each, in Algorithm enum order:
+// each. The Algorithm enum is made from it (comm/engine/collective.h): a
+// line's position is the algorithm's number, which saved error-feedback
+// states hold, so lines are appended, never reordered:
 //
 //   X(enumerator, name)
 //
-//   - enumerator: Algorithm::<enumerator> (comm/engine/collective.h).
+//   - enumerator: Algorithm::<enumerator>.
 //   - name: the descriptor's name, gz::algorithms::<name>, defined in
 //     comm/algorithms/<name>.cc (algorithm.h); also its spelling in
 //     parse_algorithm(), Python and the benchmarks.

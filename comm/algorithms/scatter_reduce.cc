@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "comm/algorithms/flat.h"
+#include "comm/cost/cost_model.h"
 #include "comm/engine/allreduce.h"
 #include "common/error.h"
 
@@ -208,6 +209,33 @@ std::pair<std::uint64_t, std::uint64_t> scatter_reduce_residuals(const CodecConf
   return {n, chunk_range(n, topo.ranks(), rank, chunk_grain(codec, n, topo.ranks())).count};
 }
 
+// auto: a candidate above the ranks up to which the codec prefers allgather
+// (top-k: re-sparsifying a chunk sum drops what the first phase kept);
+// (P-1)/P payloads of each codec.
+bool scatter_reduce_candidate(const CodecConfig& codec, const TopologyShape& shape) {
+  return shape.ranks > codec.descriptor().hint.allgather_up_to_ranks;
+}
+double scatter_reduce_auto_bytes(double c, double s, int ranks) { return (ranks - 1) * (c + s) / ranks; }
+
+Prediction scatter_reduce_predict(const CostInputs& in) {
+  return flat_scatter_reduce_prediction(in, world_group(in), in.n);
+}
+
+double scatter_reduce_memory(const CostInputs& in) {
+  const double n = static_cast<double>(in.n), P = in.ranks, c = codec_bytes(in), s = server_bytes(in);
+  const double ef = in.ef && !in.raw ? 8.0 : 0.0;  // residual read and written
+  if (in.raw) return (P * 4 + 4) * n / P;          // the owner's sum of its chunk
+  const double chunk = n / P;
+  return (4 + ef + c) * n                          // scatter: every chunk encoded
+         + P * c * chunk + 4 * chunk               // reduce: P payloads into the chunk sum
+         + (4 + ef + s) * chunk                    // the sum encoded again
+         + P * s * chunk + 4 * n;                  // gather: every chunk's payload into the buffer
+}
+
+double scatter_reduce_bytes_per_peer(const CostInputs& in) {
+  return (codec_bytes(in) + server_bytes(in)) * static_cast<double>(in.n) / in.ranks;
+}
+
 }  // namespace
 }  // namespace gz::detail
 
@@ -218,9 +246,16 @@ extern const AlgorithmDescriptor scatter_reduce{
     .id = Algorithm::ScatterReduce,
     .summary = "compressed reduce-scatter, then an allgather of the chunk sums re-encoded with the server codec; "
                "(P-1)/P payloads of each codec per rank",
+    .server_phase = true,
+    .state_version = 1,
     .run = detail::run_scatter_reduce,
     .residual_counts = detail::scatter_reduce_residuals,
     .wire_cost = detail::scatter_reduce_cost,
+    .auto_candidate = detail::scatter_reduce_candidate,
+    .auto_bytes = detail::scatter_reduce_auto_bytes,
+    .predict = detail::scatter_reduce_predict,
+    .memory_bytes = detail::scatter_reduce_memory,
+    .bytes_per_peer = detail::scatter_reduce_bytes_per_peer,
 };
 
 }  // namespace gz::algorithms

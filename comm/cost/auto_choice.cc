@@ -1,5 +1,7 @@
 #include "comm/cost/auto_choice.h"
 
+#include "comm/algorithms/algorithm.h"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -49,9 +51,11 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }  // namespace
 
 std::vector<Algorithm> auto_candidates(const CodecConfig& codec, const Topology& topology) {
-  std::vector<Algorithm> c = {Algorithm::Allgather};
-  if (topology.ranks() > codec.descriptor().hint.allgather_up_to_ranks) c.push_back(Algorithm::ScatterReduce);
-  if (topology.nodes() >= 2 && topology.uniform_size() >= 2) c.push_back(Algorithm::Hierarchical);
+  // Every registered allreduce that may run here and has a time formula (its descriptor).
+  std::vector<Algorithm> c;
+  const TopologyShape shape = topology.shape();
+  for (const AlgorithmDescriptor* d : all_algorithms())
+    if (d->allreduce && d->predict && d->auto_candidate && d->auto_candidate(codec, shape)) c.push_back(d->id);
   return c;
 }
 
@@ -273,7 +277,7 @@ Algorithm AutoChoice::resolve(const AllreduceOptions& o, Store& store, Transport
   const Topology topo = o.topology ? *o.topology : Topology::flat(size);
   if (o.algorithm != Algorithm::Auto) return o.algorithm;
   const std::optional<CostInputs> in = inputs(o, store, transport, rank, size);
-  if (!in) return resolve_algorithm(Algorithm::Auto, o.codec->config(), topo);
+  if (!in) return resolve_algorithm(Algorithm::Auto, o.codec->config(), topo, o.server_codec ? &*o.server_codec : nullptr);
   return fastest_algorithm(*in, auto_candidates(o.codec->config(), topo));
 }
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/algorithms/algorithm.h"
 #include "common/error.h"
 #include "common/units.h"
 
@@ -15,21 +16,16 @@ namespace {
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return b ? (a + b - 1) / b : 0; }
 
-// One flat phase's group, as its links see it.
-struct Group {
-  int members = 1;      // ranks in the group
-  int local_peers = 0;  // of the others, how many share this rank's node (their bytes stay off the link)
-  int sharers = 1;      // ranks whose traffic crosses this rank's node link at the same time
-};
-
 double link_bytes_per_s(const CostInputs& in) { return in.link.bits_per_s / 8.0 * in.link.efficiency; }
 double local_bytes_per_s(const CostInputs& in) {
   return in.link.local_bytes_per_s > 0 ? in.link.local_bytes_per_s : in.machine.copy_bytes_per_s / 2;
 }
 
+}  // namespace
+
 // Wire time of one exchange in which this rank sends `bytes` to each other
 // member (and receives as many from each).
-double exchange_seconds(const CostInputs& in, const Group& g, double bytes) {
+double exchange_seconds(const CostInputs& in, const CostGroup& g, double bytes) {
   const int remote = g.members - 1 - g.local_peers;
   double t = 0;
   if (remote > 0)
@@ -41,17 +37,17 @@ double exchange_seconds(const CostInputs& in, const Group& g, double bytes) {
 
 // CPU time of moving `bytes` through the transport on this rank (sent and
 // received: a copy each, the sockets' or shared memory's).
-double transport_cpu_seconds(const CostInputs& in, const Group& g, double bytes) {
+double transport_cpu_seconds(const CostInputs& in, const CostGroup& g, double bytes) {
   return 2.0 * (g.members - 1) * bytes / in.machine.copy_bytes_per_s;
 }
 
 double sum_seconds(const CostInputs& in, double m, int k) { return m * (in.machine.sum_s + k * in.machine.sum_each_s); }
 double decode_seconds(const CodecRates& r, double m, int k) { return m * (r.decode_s + k * r.decode_each_s); }
 
-Prediction flat_allgather(const CostInputs& in, const Group& g, std::size_t count) {
+Prediction flat_allgather_prediction(const CostInputs& in, const CostGroup& g, std::size_t count) {
   Prediction p;
   if (count == 0 || g.members < 1) return p;
-  const double c = in.raw ? 4.0 : in.codec.bytes_per_element;
+  const double c = codec_bytes(in);
   const std::size_t seg = model_segment_elems(count, c, in.segment_bytes);
   const std::size_t S = ceil_div(count, seg);
   const double m = static_cast<double>(count) / static_cast<double>(S);  // mean segment
@@ -66,12 +62,12 @@ Prediction flat_allgather(const CostInputs& in, const Group& g, std::size_t coun
   return p;
 }
 
-Prediction flat_scatter_reduce(const CostInputs& in, const Group& g, std::size_t count) {
+Prediction flat_scatter_reduce_prediction(const CostInputs& in, const CostGroup& g, std::size_t count) {
   Prediction p;
   if (count == 0 || g.members < 1) return p;
   const auto G = static_cast<std::size_t>(g.members);
   const std::size_t chunk = ceil_div(count, G);
-  const double c = in.raw ? 4.0 : in.codec.bytes_per_element, s = in.raw ? 4.0 : in.server.bytes_per_element;
+  const double c = codec_bytes(in), s = server_bytes(in);
   const std::size_t seg = model_segment_elems(chunk, std::max(c, s), in.segment_bytes);
   const std::size_t S = ceil_div(chunk, seg);
   const double m = static_cast<double>(chunk) / static_cast<double>(S);
@@ -93,67 +89,11 @@ Prediction flat_scatter_reduce(const CostInputs& in, const Group& g, std::size_t
   return p;
 }
 
-Group world_group(const CostInputs& in) {
+CostGroup world_group(const CostInputs& in) {
   const int L = std::max(1, in.per_node);
-  return Group{in.ranks, L - 1, L};
+  return CostGroup{in.ranks, L - 1, L};
 }
 
-Prediction predict_allgather(const CostInputs& in) { return flat_allgather(in, world_group(in), in.n); }
-Prediction predict_scatter_reduce(const CostInputs& in) { return flat_scatter_reduce(in, world_group(in), in.n); }
-
-Prediction predict_hierarchical(const CostInputs& in) {
-  const int L = in.per_node;
-  if (L < 2 || in.ranks % L != 0)
-    GZ_THROW(InvalidArgument, "the hierarchical cost needs nodes of 2 or more ranks, got ", in.ranks, " ranks, ", L,
-             " per node");
-  const int N = in.ranks / L;
-  const std::size_t shard = ceil_div(in.n, static_cast<std::size_t>(L));
-  const Group node{L, L - 1, 1}, column{N, 0, L};
-  Prediction p;
-  // 1. reduce-scatter inside the node, fp32 (the floats on the host).
-  {
-    const std::size_t seg = model_segment_elems(shard, 4.0, in.segment_bytes);
-    const std::size_t S = ceil_div(shard, seg);
-    const double m = static_cast<double>(shard) / static_cast<double>(S);
-    const double d = (sum_seconds(in, m, L) + transport_cpu_seconds(in, node, 4 * m)) * in.compute_share;
-    const double w = exchange_seconds(in, node, 4 * m);
-    p.total_s += pipeline_seconds(S, 0, d, w);
-    p.compute_s += S * d;
-    p.segments = S;
-  }
-  // 2. the compressed allreduce of the shard across the nodes.
-  const bool gather = in.inner == Algorithm::Allgather;
-  const Prediction across = gather ? flat_allgather(in, column, shard) : flat_scatter_reduce(in, column, shard);
-  p.total_s += across.total_s;
-  p.compute_s += across.compute_s;
-  p.wire_s += across.wire_s;
-  p.segments = std::max(p.segments, across.segments);
-  // 3. every shard to every member of the node: the fp32 shard (raw), or
-  // the payloads flat kept, decoded by each member.
-  const double per = static_cast<double>(shard);
-  double bytes = 0, decode = 0;
-  if (in.raw) {
-    bytes = 4 * per;
-  } else if (gather) {
-    bytes = N * per * in.codec.bytes_per_element;
-    decode = (L - 1) * decode_seconds(in.codec, per, N);
-  } else {
-    bytes = per * in.server.bytes_per_element;
-    decode = (L - 1) * decode_seconds(in.server, per, 1);
-  }
-  decode = (decode + transport_cpu_seconds(in, node, bytes)) * in.compute_share;
-  p.total_s += exchange_seconds(in, node, bytes) + decode;
-  p.compute_s += decode;
-  return p;
-}
-
-constexpr std::array<AlgorithmCost, 3> kCosts = {{
-    {"allgather", Algorithm::Allgather, predict_allgather},
-    {"scatter_reduce", Algorithm::ScatterReduce, predict_scatter_reduce},
-    {"hierarchical", Algorithm::Hierarchical, predict_hierarchical},
-}};
-
-}  // namespace
 
 LinkModel parse_link_model(std::string_view text) {
   // gradzip-run --link's own parser (common/units.h): one syntax and one
@@ -172,7 +112,7 @@ LinkModel parse_link_model(std::string_view text) {
 }
 
 double exchange_seconds(const CostInputs& in, int members, int local_peers, int sharers, double bytes) {
-  return exchange_seconds(in, Group{members, local_peers, sharers}, bytes);
+  return exchange_seconds(in, CostGroup{members, local_peers, sharers}, bytes);
 }
 
 double pipeline_seconds(std::size_t S, double e, double d, double w) {
@@ -192,42 +132,28 @@ std::size_t model_segment_elems(std::size_t unit, double bytes_per_element, std:
   return std::max<std::size_t>(1, std::min(seg, std::max<std::size_t>(unit, 1)));
 }
 
-std::span<const AlgorithmCost> algorithm_costs() { return kCosts; }
+Prediction predict(Algorithm a, const CostInputs& in) {
+  const AlgorithmDescriptor& d = algorithm_descriptor(a);
+  if (!d.predict) GZ_THROW(InvalidArgument, "no cost formula for algorithm '", d.name, "'");
+  return d.predict(in);
+}
+
+bool has_cost_formula(Algorithm a) {
+  const AlgorithmDescriptor* d = find_algorithm(a);
+  return d && d->predict;
+}
 
 double memory_bytes(Algorithm a, const CostInputs& in) {
-  const double n = static_cast<double>(in.n), P = in.ranks;
-  const double c = in.raw ? 4.0 : in.codec.bytes_per_element, s = in.raw ? 4.0 : in.server.bytes_per_element;
-  const double ef = in.ef && !in.raw ? 8.0 : 0.0;  // residual read and written
-  if (a == Algorithm::Allgather) {
-    if (in.raw) return P * 4 * n + 4 * n;            // the sum reads P arrays, writes one
-    return (4 + ef + c) * n + P * c * n + 4 * n;       // encode; decode_sum of P payloads into out
-  }
-  if (a == Algorithm::ScatterReduce) {
-    if (in.raw) return (P * 4 + 4) * n / P;          // the owner's sum of its chunk
-    const double chunk = n / P;
-    return (4 + ef + c) * n                          // scatter: every chunk encoded
-           + P * c * chunk + 4 * chunk               // reduce: P payloads into the chunk sum
-           + (4 + ef + s) * chunk                    // the sum encoded again
-           + P * s * chunk + 4 * n;                  // gather: every chunk's payload into the buffer
-  }
-  return 0;
+  const AlgorithmDescriptor& d = algorithm_descriptor(a);
+  return d.memory_bytes ? d.memory_bytes(in) : 0;
 }
 
 double memory_limit(Algorithm a, const CostInputs& in) {
-  if (a == Algorithm::Hierarchical) return 0;
-  const Group g = world_group(in);
-  const double c = in.raw ? 4.0 : in.codec.bytes_per_element, s = in.raw ? 4.0 : in.server.bytes_per_element;
-  const double n = static_cast<double>(in.n);
-  const double per_member = a == Algorithm::Allgather ? c * n : (c + s) * n / in.ranks;
-  const double link = in.ranks > 1 ? exchange_seconds(in, g, per_member) - in.link.latency_s : 0.0;
-  const double memory = memory_bytes(a, in) / (2 * in.machine.copy_bytes_per_s) * in.compute_share;
+  const AlgorithmDescriptor& d = algorithm_descriptor(a);
+  if (!d.memory_bytes || !d.bytes_per_peer) return 0;
+  const double link = in.ranks > 1 ? exchange_seconds(in, world_group(in), d.bytes_per_peer(in)) - in.link.latency_s : 0.0;
+  const double memory = d.memory_bytes(in) / (2 * in.machine.copy_bytes_per_s) * in.compute_share;
   return std::max(link, memory);
-}
-
-Prediction predict(Algorithm a, const CostInputs& in) {
-  for (const AlgorithmCost& c : kCosts)
-    if (c.algorithm == a) return c.predict(in);
-  GZ_THROW(InvalidArgument, "no cost formula for algorithm '", to_string(a), "'");
 }
 
 }  // namespace gz

@@ -16,8 +16,9 @@
 //   wire-bound:    E + S W + D                 (the first encode, the last decode)
 // Hierarchical runs its three phases one after another (allreduce_hierarchical.cc).
 //
-// The formulas are one function per algorithm, keyed by its name
-// (algorithm_costs()), so that each can move into its algorithm's file.
+// Each algorithm's formula lives in its own file (comm/algorithms/<name>.cc:
+// the descriptor's predict, memory_bytes, bytes_per_peer), composed from the
+// building blocks below; predict() and memory_limit() look them up.
 #pragma once
 
 #include <cstddef>
@@ -99,22 +100,15 @@ struct Prediction {
   std::size_t segments = 0;
 };
 
-/// One algorithm's formula.
-struct AlgorithmCost {
-  std::string_view name;  ///< to_string(algorithm)
-  Algorithm algorithm;
-  Prediction (*predict)(const CostInputs& in);
-};
-
-/// allgather, scatter_reduce, hierarchical.
-std::span<const AlgorithmCost> algorithm_costs();
-
-/// The prediction of `a` (Auto: throws InvalidArgument; hierarchical needs
-/// per_node >= 2 dividing ranks).
+/// The prediction of `a` (its descriptor's predict; Auto or an algorithm
+/// without a formula: throws InvalidArgument; hierarchical needs per_node
+/// >= 2 dividing ranks).
 Prediction predict(Algorithm a, const CostInputs& in);
+/// Whether `a` has a time formula (auto by the model considers only those).
+bool has_cost_formula(Algorithm a);
 
 /// Bytes of memory one rank's codec work must touch in a call of `a`
-/// (flat algorithms; 0 for hierarchical): encode reads the gradient (and
+/// (its descriptor's memory_bytes; 0 where it has none: hierarchical): encode reads the gradient (and
 /// reads and writes the residual) and writes the payload; decode reads the
 /// payloads and writes the output. With the machine's copy bandwidth this is
 /// the memory-traffic bound of the call (memory_limit).
@@ -139,5 +133,32 @@ double pipeline_seconds(std::size_t S, double e, double d, double w);
 /// Elements per segment of a run of `unit` elements whose payload has
 /// `bytes_per_element` (Run::wire_for's default cut, without the granules).
 std::size_t model_segment_elems(std::size_t unit, double bytes_per_element, std::size_t segment_bytes);
+
+// -- building blocks of the algorithms' formulas ---------------------------------
+
+/// One flat phase's group, as its links see it.
+struct CostGroup {
+  int members = 1;      ///< ranks in the group
+  int local_peers = 0;  ///< of the others, how many share this rank's node (their bytes stay off the link)
+  int sharers = 1;      ///< ranks whose traffic crosses this rank's node link at the same time
+};
+/// Every rank, nodes of in.per_node ranks.
+CostGroup world_group(const CostInputs& in);
+/// Wire time of one exchange in which this rank sends `bytes` to each other member.
+double exchange_seconds(const CostInputs& in, const CostGroup& g, double bytes);
+/// CPU time of moving `bytes` per peer through the transport (sent and received).
+double transport_cpu_seconds(const CostInputs& in, const CostGroup& g, double bytes);
+/// Summing m floats from k sources (codec none).
+double sum_seconds(const CostInputs& in, double m, int k);
+/// Decoding m elements from k payloads into one sum.
+double decode_seconds(const CodecRates& r, double m, int k);
+/// The pipelined allgather of `count` elements over group g: every member's
+/// payload to every member, decoded into the sum.
+Prediction flat_allgather_prediction(const CostInputs& in, const CostGroup& g, std::size_t count);
+/// The pipelined two-phase scatter_reduce of `count` elements over group g.
+Prediction flat_scatter_reduce_prediction(const CostInputs& in, const CostGroup& g, std::size_t count);
+/// Payload bytes per element of the codec and server codec (4 for raw floats).
+inline double codec_bytes(const CostInputs& in) { return in.raw ? 4.0 : in.codec.bytes_per_element; }
+inline double server_bytes(const CostInputs& in) { return in.raw ? 4.0 : in.server.bytes_per_element; }
 
 }  // namespace gz

@@ -58,24 +58,47 @@ double payload_bytes_per_element(const CodecConfig& codec) {
   return bytes;
 }
 
-Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks) {
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const TopologyShape& shape,
+                            const CodecConfig* server) {
   if (requested != Algorithm::Auto) return requested;
-  if (prefers_allgather(codec.descriptor(), ranks)) return Algorithm::Allgather;
-  // Bytes per rank: allgather (P-1) c, scatter_reduce (P-1)/P (c + s), s the
-  // server codec's (the codec itself unless its descriptor names one).
-  const CodecConfig server = server_codec_config(codec);
-  if (server == codec) return Algorithm::ScatterReduce;
-  const double c = payload_bytes_per_element(codec), s = payload_bytes_per_element(server);
-  return ranks <= 1.0 + s / c ? Algorithm::Allgather : Algorithm::ScatterReduce;
+  // Every registered allreduce that may run here (its descriptor's
+  // auto_candidate): the highest auto_priority, then the fewest bytes per
+  // rank (auto_bytes, with the server codec's payload: the call's, else the
+  // default, the codec itself unless its descriptor names one), then
+  // registry order.
+  const AlgorithmDescriptor* best = nullptr;
+  double best_bytes = 0;
+  double c = -1, s = -1;
+  for (const AlgorithmDescriptor* d : all_algorithms()) {
+    if (!d->allreduce || !d->auto_candidate || !d->auto_candidate(codec, shape)) continue;
+    if (best && d->auto_priority < best->auto_priority) continue;
+    double bytes = 0;
+    if (d->auto_bytes) {
+      if (c < 0) {  // asked once per call, and only when a candidate weighs bytes
+        c = payload_bytes_per_element(codec);
+        s = payload_bytes_per_element(server ? *server : server_codec_config(codec));
+      }
+      bytes = d->auto_bytes(c, s, shape.ranks);
+    }
+    if (!best || d->auto_priority > best->auto_priority || bytes < best_bytes) {
+      best = d;
+      best_bytes = bytes;
+    }
+  }
+  GZ_ENFORCE(best != nullptr, "no registered allreduce algorithm may run on ", shape.ranks, " ranks");
+  return best->id;
 }
 
-Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const Topology& topology) {
-  const int L = topology.uniform_size();
-  if (requested == Algorithm::Hierarchical && L == 0)
-    GZ_THROW(InvalidArgument, "the hierarchical allreduce needs the same number of ranks on every node; here ",
-             topology.describe());
-  if (requested == Algorithm::Auto && topology.nodes() >= 2 && L >= 2) return Algorithm::Hierarchical;
-  return resolve_algorithm(requested, codec, topology.ranks());
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks, const CodecConfig* server) {
+  return resolve_algorithm(requested, codec, TopologyShape::flat(ranks), server);
+}
+
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const Topology& topology,
+                            const CodecConfig* server) {
+  if (requested != Algorithm::Auto && algorithm_descriptor(requested).follows_nodes && topology.uniform_size() == 0)
+    GZ_THROW(InvalidArgument, "the ", to_string(requested), " allreduce needs the same number of ranks on every node; "
+             "here ", topology.describe());
+  return resolve_algorithm(requested, codec, topology.shape(), server);
 }
 
 namespace detail {
@@ -86,7 +109,8 @@ bool payload_size_varies(const Codec& c) { return !c.fixed_size(); }
 void Run::agree_and_bind() {
   const CodecConfig& cfg = codec.config();
   const std::size_t segment = o.segment_bytes ? o.segment_bytes : kDefaultSegmentBytes;
-  const std::string layout_of_nodes = algo == Algorithm::Hierarchical ? topo.describe() : "";
+  const bool follows_nodes = algorithm_descriptor(algo).follows_nodes;
+  const std::string layout_of_nodes = follows_nodes ? topo.describe() : "";
   const CodecConfig& server = server_cfg;
   const bool same = st.agreed_ && st.agreed_context_ == ws.id_ && st.agreed_->codec == cfg && st.agreed_->n == o.n &&
                     st.agreed_->algorithm == algo && st.agreed_->op == o.op && st.agreed_->dtype == o.dtype &&
@@ -106,7 +130,7 @@ void Run::agree_and_bind() {
                      {"op", to_string(o.op)},
                      {"segment_bytes", std::to_string(segment)},
                      {"server_codec", server.canonical()}};
-    if (algo == Algorithm::Hierarchical) fields.emplace_back("topology", layout_of_nodes);
+    if (follows_nodes) fields.emplace_back("topology", layout_of_nodes);
     agree(*o.store, ws.agreements_++, me, P, fields, o.timeout);
     stats.agreed = true;
   }

@@ -100,15 +100,21 @@ double payload_bytes_per_element(const CodecConfig& codec);
 ///     re-sparsifying a chunk sum (scatter_reduce's second compression) drops
 ///     what the first kept;
 ///   - scatter_reduce otherwise: 2(P-1)/P payloads per rank instead of P-1.
-/// The rule uses the default server codec (server_codec_config), not
-/// AllreduceOptions::server_codec.
-Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks);
+/// `server`: the call's server codec (AllreduceOptions::server_codec); null:
+/// the default one (server_codec_config). The rule is the descriptors'
+/// (comm/algorithms/algorithm.h: auto_candidate, auto_priority, auto_bytes),
+/// so a registered algorithm takes part by its own file.
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int ranks,
+                            const CodecConfig* server = nullptr);
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const TopologyShape& shape,
+                            const CodecConfig* server = nullptr);
 /// The same with the ranks' nodes known: Auto runs hierarchical when there are
 /// several nodes of the same size, several ranks each (the local traffic then
 /// moves uncompressed over the fast path, and only the shards cross the slow
 /// links, compressed); otherwise the rule above over all ranks. An explicit
 /// Hierarchical needs nodes of one size (else InvalidArgument).
-Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const Topology& topology);
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const Topology& topology,
+                            const CodecConfig* server = nullptr);
 
 /// Payload bytes of one pipeline segment when AllreduceOptions::segment_bytes
 /// is 0: about 1 MiB (measured, docs/comm.md).

@@ -46,7 +46,7 @@ Run::Run(const AllreduceOptions& opt, int ranks, int rank, bool exact_sizes, boo
       received_bytes(opt.workspace->received_),
       payload_refs(opt.workspace->payloads_) {
   topo = o.topology ? *o.topology : Topology::flat(P);
-  algo = resolve_algorithm(o.algorithm, codec.config(), topo);
+  algo = resolve_algorithm(o.algorithm, codec.config(), topo, o.server_codec ? &*o.server_codec : nullptr);
   raw = codec.descriptor().lossless && o.device == Device::Cpu;
   seg = segment_elems(codec, raw);
   server_cfg = o.server_codec ? *o.server_codec : server_codec_config(codec.config());

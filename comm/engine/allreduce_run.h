@@ -84,7 +84,7 @@ struct Wire {
 
   /// The codec of the payloads a flat algorithm's last step leaves (what
   /// hierarchical keeps and shares): allgather's, or scatter_reduce's chunk sums.
-  Codec* kept(Algorithm a) const { return a == Algorithm::ScatterReduce ? server : codec; }
+  Codec* kept(Algorithm a) const { return algorithm_descriptor(a).server_phase ? server : codec; }
 };
 
 /// One call of allreduce() or reduce_scatter() (o.algorithm ReduceScatter):

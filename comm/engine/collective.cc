@@ -8,14 +8,9 @@ namespace gz {
 const char* to_string(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "avg"; }
 
 const char* to_string(Algorithm a) {
-  switch (a) {
-    case Algorithm::Auto: return "auto";
-    case Algorithm::Allgather: return "allgather";
-    case Algorithm::ScatterReduce: return "scatter_reduce";
-    case Algorithm::Hierarchical: return "hierarchical";
-    case Algorithm::ReduceScatter: return "reduce_scatter";
-  }
-  return "?";
+  if (a == Algorithm::Auto) return "auto";
+  const AlgorithmDescriptor* d = find_algorithm(a);
+  return d ? d->name.data() : "?";  // a descriptor's name is a literal: NUL-terminated
 }
 
 ReduceOp parse_reduce_op(std::string_view s) {

@@ -9,20 +9,24 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/algorithms/registry.h"
+
 namespace gz {
 
 enum class ReduceOp : std::uint8_t { Sum = 0, Average = 1 };
 
-/// Allgather: every rank's whole payload to every rank. ScatterReduce:
-/// compressed reduce-scatter, then an allgather of the chunk sums re-encoded
-/// with the server codec (server_codec_config()).
-/// Hierarchical: fp32 reduce-scatter inside each node, a compressed allreduce
-/// of each shard across the nodes, fp32 allgather inside each node.
-/// Auto: see resolve_algorithm().
-/// ReduceScatter is not an allreduce algorithm (allreduce() refuses it): it
-/// names the reduce_scatter() collective (comm/engine/reduce_scatter.h), the first
-/// half of ScatterReduce, in stats and in what a state is bound to.
-enum class Algorithm : std::uint8_t { Auto = 0, Allgather = 1, ScatterReduce = 2, Hierarchical = 3, ReduceScatter = 4 };
+/// Auto (0), resolved by resolve_algorithm(), then one enumerator per line of
+/// comm/algorithms/registry.h, numbered 1.. in its order (the number is the
+/// algorithm's byte in a saved error-feedback state): Allgather = 1,
+/// ScatterReduce = 2, Hierarchical = 3, ReduceScatter = 4 (not an allreduce
+/// algorithm: it names the reduce_scatter() collective in stats and in what a
+/// state is bound to). What each does: its descriptor's summary.
+#define GZ_ALGORITHM_ENUMERATOR(E, name) E,
+enum class Algorithm : std::uint8_t { Auto = 0, GZ_ALGORITHM_REGISTRY(GZ_ALGORITHM_ENUMERATOR) };
+#undef GZ_ALGORITHM_ENUMERATOR
+static_assert(static_cast<int>(Algorithm::Allgather) == 1 && static_cast<int>(Algorithm::ScatterReduce) == 2 &&
+                  static_cast<int>(Algorithm::Hierarchical) == 3 && static_cast<int>(Algorithm::ReduceScatter) == 4,
+              "saved states hold these numbers: append registry lines, never reorder them");
 
 const char* to_string(ReduceOp op);
 const char* to_string(Algorithm a);

@@ -96,7 +96,7 @@ std::pair<std::uint64_t, std::uint64_t> ErrorFeedback::residual_counts(const Cod
   if (!codec.ef) return {0, 0};
   // The algorithm's own layout (comm/algorithms/<algorithm>.cc).
   const AlgorithmDescriptor& d = algorithm_descriptor(algorithm);
-  GZ_ENFORCE(topology != nullptr || !d.uniform_nodes, "the ", d.name, " allreduce needs the topology");
+  GZ_ENFORCE(topology != nullptr || !d.follows_nodes, "the ", d.name, " allreduce needs the topology");
   const Topology flat = topology ? Topology{} : Topology::flat(world);
   return d.residual_counts(codec, n, rank, topology ? *topology : flat);
 }
@@ -159,23 +159,26 @@ void ErrorFeedback::restore(std::string_view saved) {
   l.rank = read<std::uint32_t>(in, "rank");
   l.world = read<std::uint32_t>(in, "world size");
   const auto algo = read<std::uint8_t>(in, "algorithm");
-  const bool flat = algo == static_cast<std::uint8_t>(Algorithm::Allgather) ||
-                    algo == static_cast<std::uint8_t>(Algorithm::ScatterReduce);
-  if (!flat && (v1 || (algo != static_cast<std::uint8_t>(Algorithm::Hierarchical) &&
-                       algo != static_cast<std::uint8_t>(Algorithm::ReduceScatter))))
+  // Any registered algorithm (comm/algorithms/registry.h) whose state this
+  // format version can hold (Auto, 0, never is one).
+  const AlgorithmDescriptor* d = algo == 0 ? nullptr : find_algorithm(static_cast<Algorithm>(algo));
+  if (!d || (v1 && d->state_version > 1))
     malformed("unknown algorithm " + std::to_string(int{algo}) + (v1 ? " for version 1" : ""));
-  l.algorithm = static_cast<Algorithm>(algo);
+  l.algorithm = d->id;
   l.worker_count = read<std::uint64_t>(in, "worker count");
   l.server_count = read<std::uint64_t>(in, "server count");
   // Limits before arithmetic: n = 2^62 must not wrap 4 * n.
   if (l.n > wire::kMaxCount) malformed("n = " + std::to_string(l.n) + " is over the format's limit");
   if (l.world == 0 || l.world > kMaxWorld || l.rank >= l.world)
     malformed("rank " + std::to_string(l.rank) + " of world size " + std::to_string(l.world) + " is not valid");
-  // Hierarchical residuals depend on the nodes, which the saved state does
-  // not hold: the first call checks them against its layout.
-  const bool nodes = l.algorithm == Algorithm::Hierarchical;
-  const auto [want_worker, want_server] = residual_counts(cfg, l.n, static_cast<int>(l.rank), static_cast<int>(l.world),
-                                                          nodes ? Algorithm::Allgather : l.algorithm, nullptr);
+  // Residuals of an algorithm that follows the nodes (hierarchical) depend
+  // on the topology, which the saved state does not hold: at most a flat
+  // buffer's worker residual (n), a server residual within it; the first
+  // call checks them against its layout.
+  const bool nodes = d->follows_nodes;
+  const auto [want_worker, want_server] =
+      nodes ? std::pair<std::uint64_t, std::uint64_t>{cfg.ef ? l.n : 0, 0}
+            : residual_counts(cfg, l.n, static_cast<int>(l.rank), static_cast<int>(l.world), l.algorithm, nullptr);
   if (nodes ? l.worker_count > want_worker || l.server_count > l.worker_count
             : l.worker_count != want_worker || l.server_count != want_server)
     malformed("residual sizes do not match its layout");
@@ -207,8 +210,8 @@ std::pair<std::vector<float>, std::vector<float>> ErrorFeedback::residuals() con
 void ErrorFeedback::respec(std::string_view spec) {
   GZ_ENFORCE(layout_.has_value(), "this error feedback state was never used or restored; nothing to respec");
   Layout l = *layout_;
-  GZ_ENFORCE(l.algorithm != Algorithm::Hierarchical,
-             "a hierarchical error feedback state cannot change its codec (its residuals depend on the nodes)");
+  GZ_ENFORCE(!algorithm_descriptor(l.algorithm).follows_nodes, "a ", to_string(l.algorithm),
+             " error feedback state cannot change its codec (its residuals depend on the nodes)");
   const CodecConfig cfg = parse_spec(spec);  // throws InvalidArgument for an unknown codec
   const auto [worker, server] = residual_counts(cfg, l.n, static_cast<int>(l.rank), static_cast<int>(l.world),
                                                 l.algorithm, nullptr);

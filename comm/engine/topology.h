@@ -26,6 +26,17 @@
 
 namespace gz {
 
+/// A topology's counts, without its per-rank list (what auto's rules read;
+/// built on the hot path without allocating).
+struct TopologyShape {
+  int ranks = 1;
+  int nodes = 1;
+  int per_node = 1;  ///< ranks per node when every node has the same number, else 0
+
+  /// Every rank a node of its own.
+  static TopologyShape flat(int ranks) { return {ranks, ranks, 1}; }
+};
+
 struct Topology {
   /// node[r]: the node of rank r, numbered 0.. in the order of each node's
   /// lowest rank.
@@ -44,6 +55,7 @@ struct Topology {
   int uniform_size() const;
   /// "4 ranks: 2 nodes x 2" / "3 ranks on nodes 0,0,1": what the agreement compares.
   std::string describe() const;
+  TopologyShape shape() const { return {ranks(), nodes(), uniform_size()}; }
 };
 
 /// Collective over `size` ranks: learns every rank's node through the Store

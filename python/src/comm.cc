@@ -289,7 +289,7 @@ void bind_comm(nb::module_& m) {
             e["name"] = std::string(d->name);
             e["summary"] = std::string(d->summary);
             e["allreduce"] = d->allreduce;
-            e["uniform_nodes"] = d->uniform_nodes;
+            e["uniform_nodes"] = d->follows_nodes;
             out.append(e);
           }
           return out;

@@ -103,7 +103,7 @@ def train(rank: int, world: int, kind: str, codec: str = "onebit", steps: int = 
                                  lambda step: specs.append(state.codec.spec))
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"identical": identical, "specs": specs, "server": state.server_codec, "repr": repr(state),
-            "algorithm": state._algorithm_now(),
+            "algorithm": state.compression_stats()["algorithm"],
             "stats": state.compression_stats(), "final": flat.numpy().tobytes(), "saved": saved,
             "adaptive": state.state_dict()["adaptive"]}
 

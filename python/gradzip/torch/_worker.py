@@ -64,7 +64,7 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool,
     if cuda:  # the worker's stream waits for the gradients computed so far
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(buffer.device))
-    comm, codec, algorithm, worker = state._comm, state.codec, state._algorithm_now(), state._worker
+    comm, codec, algorithm, worker = state._comm, state.codec, state.algorithm, state._worker
     server_codec = state.server_codec
     parts: List[Any] = list(plan.parts)
     splits = [state._split(seg) for seg, _ in parts]
@@ -79,11 +79,13 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool,
                 ctx = contextlib.nullcontext()
             with ctx:
                 sent = exact = 0.0
+                ran = None
                 for (seg, _), x, split in zip(parts, inputs, splits):
                     if split is None:
                         stats = comm.allreduce(x, codec, seg.ef, op="avg", algorithm=algorithm,
                                                server_codec=server_codec)
                         sent += stats["wire_bytes"]  # every byte sent, node-local included
+                        ran = stats["algorithm"]
                     else:  # layer filters: the exact parameters apart (_filters.py)
                         both, alone = _filters.allreduce(comm, codec, seg, split, x, algorithm, server_codec)
                         sent += both
@@ -95,6 +97,8 @@ def exchange(state: Any, plan: _layout.Plan, buffer: torch.Tensor, last: bool,
                     state._count(buffer.numel() * buffer.element_size(),
                                  _payload_bytes(codec, parts, splits, buffer.element_size()), sent)
                     state._stats["exact_wire_bytes"] += exact
+                    if ran is not None:
+                        state._ran = ran
                 fut.set_result(buffer)
         except BaseException as e:  # the future carries it to DDP, and finish_step to the last hook call
             fut.set_exception(e)

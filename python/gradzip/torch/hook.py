@@ -200,6 +200,7 @@ class CompressionState:
         "_agreed",
         "_resume",  # whose per-rank state was restored (_resume.py)
         "_resume_pending",  # a state restored from gradzip's rank file, applied again at the next call
+        "_ran",  # the algorithm the engine last ran
         "_exact",  # the layer filter's threshold in use (exact_below, or what "auto" decided), or None
         "_splits",  # layer filters: id(segment) -> (segment, _filters.Split or None)
         "_adaptive",  # None until decided (adaptive="auto"), then True or False
@@ -300,6 +301,7 @@ class CompressionState:
         self._agreed = False
         self._resume = _resume.Resume()
         self._resume_pending: Optional[Dict[str, Any]] = None
+        self._ran: Optional[str] = None  # the algorithm the engine last ran (compression_stats)
         self._stats = _new_stats()
 
     @property
@@ -333,6 +335,9 @@ class CompressionState:
                 filter keeps exact (``exact_below``). Both are in wire_ratio.
             preconditioned_buckets: bucket exchanges compressed in the
                 optimizer's units (``precondition``).
+            algorithm: what the engine ran for the last compressed bucket
+                (``auto`` resolved: by the descriptors' rule, weighing the
+                server codec the hook sends with); the configured one before.
         """
         s = self._stats
         steps = max(s["steps"], 1)
@@ -350,6 +355,7 @@ class CompressionState:
             **({} if self._warm is None else
                {"warmup_ended_at": -1 if self._warm.ended_at is None else self._warm.ended_at}),
             "preconditioned_buckets": s["preconditioned_buckets"],
+            "algorithm": self._ran or self.algorithm,
         }
 
     def state_dict(self) -> Dict[str, Any]:
@@ -575,20 +581,6 @@ class CompressionState:
             exact = _ADAPTIVE_EXACT_BELOW if adaptive and codec.name in _FILTERED_CODECS else None
             if exact != self._exact:
                 self._exact, self._splits = exact, {}
-
-    def _algorithm_now(self) -> str:
-        """The algorithm the buckets run: as configured, except that for an
-        adaptive optimizer onebit's ``auto`` weighs the qsgd 4-bit chunk sums
-        (the C++ rule weighs the default fp16 ones): allgather sends (P-1) c
-        bytes per element, scatter_reduce (P-1)/P (c + s), so scatter_reduce
-        from P > 1 + s/c (5 ranks with blocks of 128 or 512)."""
-        if (self.algorithm != "auto" or not self._adaptive or self._given_server is not None
-                or self.codec.name != "onebit"):
-            return self.algorithm
-        n = 1 << 20
-        c = self.codec.max_payload_bytes(n) / n
-        s = Codec(self.server_codec).max_payload_bytes(n) / n
-        return "scatter_reduce" if self._world_size > 1.0 + s / c else "auto"
 
     def _decide(self, bucket: dist.GradBucket) -> None:
         """adaptive="auto" (and the preconditioning): watches the optimizer
