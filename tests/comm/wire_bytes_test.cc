@@ -248,7 +248,18 @@ TEST(BareBodies, AWrongSizedBodyIsAClearError) {
 // its spelling everywhere, and whose residual layout is the state's.
 TEST(AlgorithmRegistry, NamesIdsAndResidualsAgree) {
   std::vector<Algorithm> seen;
+  int position = 0;
   for (const AlgorithmDescriptor* d : all_algorithms()) {
+    // The registry line makes the enumerator: its position is the number saved states hold.
+    EXPECT_EQ(static_cast<int>(d->id), ++position) << d->name;
+    EXPECT_TRUE(d->state_version == 1 || d->state_version == 2) << d->name;
+    if (d->auto_candidate) {  // auto may pick it: an allreduce that it can rank
+      EXPECT_TRUE(d->allreduce) << d->name;
+      EXPECT_TRUE(d->auto_bytes || d->auto_priority > 0) << d->name;
+    }
+    if (d->memory_bytes) {
+      EXPECT_NE(d->bytes_per_peer, nullptr) << d->name;  // memory_limit needs both
+    }
     if (d->allreduce) {
       EXPECT_EQ(parse_algorithm(d->name), d->id) << d->name;
     }
