@@ -19,7 +19,8 @@
   X(Allgather, allgather)        \
   X(ScatterReduce, scatter_reduce) \
   X(Hierarchical, hierarchical)  \
-  X(ReduceScatter, reduce_scatter)
+  X(ReduceScatter, reduce_scatter) \
+  X(Ring, ring)
 
 namespace gz {
 

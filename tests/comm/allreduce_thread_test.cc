@@ -103,7 +103,8 @@ TEST(ResolveAlgorithm, FollowsTheDocumentedRule) {
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, topk, 32), Algorithm::ScatterReduce);
   EXPECT_EQ(resolve_algorithm(Algorithm::Allgather, none, 8), Algorithm::Allgather);
   EXPECT_EQ(parse_algorithm("scatter_reduce"), Algorithm::ScatterReduce);
-  EXPECT_THROW(parse_algorithm("ring"), InvalidArgument);
+  EXPECT_EQ(parse_algorithm("ring"), Algorithm::Ring);
+  EXPECT_THROW(parse_algorithm("butterfly"), InvalidArgument);
   EXPECT_EQ(parse_reduce_op("avg"), ReduceOp::Average);
   EXPECT_THROW(parse_reduce_op("max"), InvalidArgument);
 }
@@ -124,7 +125,7 @@ TEST_P(ExactNone, EqualsTheExactSumBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(RanksSizes, ExactNone,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5), ::testing::Values(0, 1, 3, 4, 1001),
-                                            ::testing::Values(Algorithm::Allgather, Algorithm::ScatterReduce)));
+                                            ::testing::Values(Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring)));
 
 class Lossy : public ::testing::TestWithParam<std::tuple<std::string, int, Algorithm>> {};
 
@@ -153,12 +154,12 @@ std::vector<std::string> lossy_specs() {
 INSTANTIATE_TEST_SUITE_P(Codecs, Lossy,
                          ::testing::Combine(::testing::ValuesIn(lossy_specs()),
                                             ::testing::Values(2, 3, 4),
-                                            ::testing::Values(Algorithm::Allgather, Algorithm::ScatterReduce)));
+                                            ::testing::Values(Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring)));
 
 TEST(Allreduce, UnevenSizesWorkForEveryCodec) {
   for (const char* spec : {"fp16", "onebit:block=4", "topk:k=1"})
     for (std::size_t n : {0, 1, 2, 5})
-      for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce}) {
+      for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring}) {
         SCOPED_TRACE(std::string(spec) + " n=" + std::to_string(n) + " " + to_string(a));
         const auto res = run_once(3, n, spec, a);
         for (int r = 1; r < 3; ++r)
@@ -176,7 +177,7 @@ TEST(Allreduce, AverageIsSumTimesReciprocal) {
 TEST(Allreduce, WireBytesAndWorkspaceStayWithinTheBound) {
   const std::size_t n = 100003;
   for (const char* spec : {"none", "fp16", "onebit", "topk:density=0.01"})
-    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce}) {
+    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring}) {
       const int P = 4;
       const auto res = run_once(P, n, spec, a);
       auto codec = make_codec(spec);
@@ -207,7 +208,7 @@ TEST(Allreduce, ErrorFeedbackConvergesToTheRunningSum) {
   const int P = 3, steps = 300, early = 100;
   const std::size_t n = 2000;
   for (const std::string spec : {"topk:density=0.01", "onebit"})
-    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
+    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring})
       for (std::size_t segment : {std::size_t{0}, std::size_t{64}}) {
         SCOPED_TRACE(spec + " " + to_string(a) + " segment " + std::to_string(segment));
         auto configure = [&](AllreduceOptions& o) {
@@ -354,7 +355,7 @@ TEST(ErrorFeedback, SaveRestoreContinuesBitIdentically) {
   const int P = 3;
   const std::size_t n = 1001;
   for (const char* spec : {"topk:density=0.02", "onebit:block=64"})
-  for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce}) {
+  for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring}) {
     std::vector<std::uint64_t> straight(P), resumed(P);
     for (int mode = 0; mode < 2; ++mode) {
       const auto errors = run_threads(P, [&](int r, Transport& t, Store& store) {
@@ -568,7 +569,7 @@ TEST_P(Segmented, SameBitsAsUnsegmented) {
 INSTANTIATE_TEST_SUITE_P(Codecs, Segmented,
                          ::testing::Combine(::testing::Values("none", "fp16", "bf16", "onebit", "onebit:block=100",
                                                               "onebit:block=7,ef=off"),
-                                            ::testing::Values(Algorithm::Allgather, Algorithm::ScatterReduce)),
+                                            ::testing::Values(Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring)),
                          [](const auto& param_info) {
                            std::string s = std::get<0>(param_info.param) + "_" + to_string(std::get<1>(param_info.param));
                            for (char& c : s)
@@ -582,7 +583,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Segmented,
 // segment shorter than the rest, n < P.
 TEST(Allreduce, TransportsWithoutExactSizesGiveTheSameBits) {
   for (const char* spec : {"none", "fp16", "onebit", "topk:density=0.01", "topk:density=0.05,select=sample"})
-    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
+    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring})
       for (int P : {2, 3})
         for (std::size_t n : {std::size_t{2}, std::size_t{1001}, std::size_t{40009}}) {
           SCOPED_TRACE(std::string(spec) + " " + to_string(a) + " P=" + std::to_string(P) + " n=" + std::to_string(n));
@@ -599,7 +600,7 @@ TEST(Allreduce, TransportsWithoutExactSizesGiveTheSameBits) {
 // on the segment size; what must hold: identical ranks, the error bound.
 TEST(Segmented, TopkIsIdenticalOnAllRanksAndWithinBound) {
   for (const char* spec : {"topk:density=0.01", "topk:k=50", "topk:density=0.05,select=sample"})
-    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce})
+    for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring})
       for (std::size_t seg : {std::size_t{64}, std::size_t{1000}}) {
         SCOPED_TRACE(std::string(spec) + " " + to_string(a) + " segment=" + std::to_string(seg));
         Setting cut;
@@ -620,7 +621,7 @@ TEST(Segmented, TopkIsIdenticalOnAllRanksAndWithinBound) {
 TEST(Allreduce, PipelineStatsAreConsistent) {
   Setting cut;
   cut.segment_bytes = 4096;
-  for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce}) {
+  for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring}) {
     const auto res = run_steps(2, 100003, "onebit", a, cut);
     const AllreduceStats& st = res[0].stats;
     EXPECT_GE(st.segments, 2u);

@@ -204,6 +204,10 @@ TEST(CostModel, AutoKeepsTheAccuracyRules) {
             (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce}));
   EXPECT_EQ(auto_candidates(fp16, Topology::blocks(4, 2)),
             (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Hierarchical}));
+  // The ring re-encodes partial sums at every hop: auto offers it for exact sums only.
+  EXPECT_EQ(auto_candidates(parse_spec("none"), Topology::flat(3)),
+            (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring}));
+  EXPECT_EQ(auto_candidates(parse_spec("none"), Topology::flat(2)), std::vector<Algorithm>{Algorithm::Allgather});
 }
 
 TEST(CostModel, FastestFollowsTheBottleneck) {

@@ -53,6 +53,15 @@ double needed_bytes(const std::string& spec, Algorithm a, std::size_t n, int P, 
   auto c = make_codec(spec);
   auto s = make_codec(server_codec_config(c->config()));
   if (a == Algorithm::Allgather) return (P - 1) * payload(*c, n);
+  if (a == Algorithm::Ring) {  // every chunk but me+1's partial sum, every chunk but me+2's sum (server codec)
+    const std::size_t grain = chunk_grain(c->config(), n, P);
+    double bytes = 0;
+    for (int j = 0; j < P; ++j) {
+      if (j != (me + 1) % P) bytes += payload(*c, chunk_range(n, P, j, grain).count);
+      if (j != (me + 2) % P) bytes += payload(*s, chunk_range(n, P, j, grain).count);
+    }
+    return bytes;
+  }
   const std::size_t grain = a == Algorithm::ScatterReduce ? chunk_grain(c->config(), n, P) : 1;
   double bytes = 0;
   for (int j = 0; j < P; ++j)
@@ -102,6 +111,7 @@ TEST_P(WireBytes, WithinFivePercentOfThePayloads) {
       {4, 262912, Algorithm::Allgather},      {3, 462000, Algorithm::ScatterReduce},
       {2, 70001, Algorithm::Allgather},       {3, 70001, Algorithm::ScatterReduce},
       {4, 462000, Algorithm::ReduceScatter},  {4, 600000, Algorithm::ScatterReduce},
+      {3, 462000, Algorithm::Ring},           {4, 70001, Algorithm::Ring},
   };
   for (const CodecDescriptor* d : all_codecs())
     for (const BenchSpec& b : d->bench_specs)
@@ -122,7 +132,7 @@ TEST_P(WireBytes, WithinFivePercentOfThePayloads) {
         const WireCost cost = algorithm_descriptor(c.a).wire_cost(q);
         EXPECT_NEAR(cost.bytes, need, 1e-6 * need) << spec << " " << to_string(c.a);
         EXPECT_EQ(cost.remote_bytes, cost.bytes);  // a flat topology: every rank a node
-        EXPECT_EQ(cost.rounds, c.a == Algorithm::ScatterReduce ? 2 : 1);
+        EXPECT_EQ(cost.rounds, c.a == Algorithm::Ring ? 2 * (c.P - 1) : c.a == Algorithm::ScatterReduce ? 2 : 1);
         EXPECT_LE(sent, 1.05 * need) << spec << " " << to_string(c.a) << " P=" << c.P << " n=" << c.n << " rank " << r;
         if (payload_size_fixed(parse_spec(spec))) {
           EXPECT_GE(sent, need) << spec << " " << to_string(c.a) << " P=" << c.P << " n=" << c.n << " rank " << r;
@@ -275,7 +285,8 @@ TEST(AlgorithmRegistry, NamesIdsAndResidualsAgree) {
   for (Algorithm a : {Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Hierarchical, Algorithm::ReduceScatter})
     EXPECT_NE(std::find(seen.begin(), seen.end(), a), seen.end()) << to_string(a);
   EXPECT_EQ(find_algorithm(Algorithm::Auto), nullptr);
-  EXPECT_EQ(allreduce_algorithm_names(), (std::vector<std::string>{"auto", "allgather", "scatter_reduce", "hierarchical"}));
+  EXPECT_EQ(allreduce_algorithm_names(),
+            (std::vector<std::string>{"auto", "allgather", "scatter_reduce", "hierarchical", "ring"}));
   EXPECT_THROW(parse_algorithm("reduce_scatter"), InvalidArgument);
   EXPECT_THROW(algorithm_descriptor(Algorithm::Auto), InvalidArgument);
   const auto onebit = parse_spec("onebit");

@@ -34,7 +34,7 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
     exact = sum(data(r, 0, n) for r in range(world))
 
     # none: the exact sum / average, on numpy and torch buffers.
-    for algorithm in ("allgather", "scatter_reduce"):
+    for algorithm in ("allgather", "scatter_reduce", "ring"):
         x = data(rank, 0, n)
         stats = comm.allreduce(x, gradzip.Codec("none"), gradzip.ErrorFeedback(), op="sum", algorithm=algorithm)
         out[f"none_sum/{algorithm}"] = float(np.abs(x - exact).max())
@@ -51,6 +51,12 @@ def comm_suite(rank: int, world: int) -> Dict[str, Any]:
             comm.allreduce(x, codec, state)
         out[f"identical/{spec}"] = gathered_equal(x)
         out[f"layout/{spec}"] = state.layout
+        # The ring over UCX processes: the same bits everywhere too.
+        codec, state = gradzip.Codec(spec), gradzip.ErrorFeedback()
+        for step in range(3):
+            x = data(rank, step, n)
+            comm.allreduce(x, codec, state, algorithm="ring")
+        out[f"identical/{spec}/ring"] = gathered_equal(x)
 
     # scatter_reduce is the documented two-phase algorithm, bit for bit: the
     # NumPy model of it with gradzip.Codec that gradzip.experiments.two_phase

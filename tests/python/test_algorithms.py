@@ -10,9 +10,9 @@ pytestmark = pytest.mark.skipif(not gradzip.BUILD["comm"], reason="built without
 
 def test_names_come_from_the_registry() -> None:
     names = gradzip.allreduce_algorithm_names()
-    assert names == ["auto", "allgather", "scatter_reduce", "hierarchical"]
+    assert names == ["auto", "allgather", "scatter_reduce", "hierarchical", "ring"]
     every = gradzip.algorithms()
-    assert [a["name"] for a in every] == ["allgather", "scatter_reduce", "hierarchical", "reduce_scatter"]
+    assert [a["name"] for a in every] == ["allgather", "scatter_reduce", "hierarchical", "reduce_scatter", "ring"]
     assert [a["name"] for a in every if a["allreduce"]] == names[1:]
     assert all(a["summary"] for a in every)
     assert [a["name"] for a in every if a["uniform_nodes"]] == ["hierarchical"]
@@ -25,7 +25,7 @@ def test_python_entry_points_take_the_registry_names() -> None:
     for name in gradzip.allreduce_algorithm_names():
         CompressionState(codec="onebit", algorithm=name)
     with pytest.raises(ValueError, match="hierarchical"):
-        CompressionState(codec="onebit", algorithm="ring")
+        CompressionState(codec="onebit", algorithm="butterfly")
     del torch
 
 
@@ -56,6 +56,11 @@ def test_wire_cost_is_the_payloads_the_algorithm_moves() -> None:
     h = gradzip.algorithm_wire_cost("hierarchical", "onebit", n, P, nodes=[0, 0, 1, 1])
     assert h["remote_bytes"] == body(onebit, n // 2)
     assert h["rounds"] == 3
+    # ring: every chunk but rank+1's partial sum, every chunk but rank+2's sum, all to one peer, in 2(P-1) rounds.
+    r = gradzip.algorithm_wire_cost("ring", "onebit", n, P, rank=0)
+    assert r["bytes"] == sum(body(onebit, k) for j, (_, k) in enumerate(chunks) if j != 1) + \
+        sum(body(fp16, k) for j, (_, k) in enumerate(chunks) if j != 2)
+    assert r["rounds"] == 2 * (P - 1) and r["messages"] == 2 * (P - 1)
     with pytest.raises(gradzip.InvalidArgument, match="unknown algorithm"):
         gradzip.algorithm_wire_cost("auto", "onebit", n, P)
     with pytest.raises(gradzip.InvalidArgument, match="rank"):

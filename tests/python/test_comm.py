@@ -21,7 +21,7 @@ def test_ranks(suite):
     assert "transport='ucx'" in suite[0]["repr"] and suite[0]["closed"] == "Communicator(closed)"
 
 
-@pytest.mark.parametrize("algorithm", ["allgather", "scatter_reduce"])
+@pytest.mark.parametrize("algorithm", ["allgather", "scatter_reduce", "ring"])
 def test_none_gives_the_exact_sum_and_average(suite, algorithm):
     for r in suite:
         assert r[f"none_sum/{algorithm}"] < 1e-5
@@ -35,6 +35,7 @@ def test_none_gives_the_exact_sum_and_average(suite, algorithm):
 @pytest.mark.parametrize("spec", ["onebit", "topk:density=0.01", "fp16", "topk:density=0.05,select=sample"])
 def test_every_rank_gets_the_same_bits(suite, spec):
     assert all(r[f"identical/{spec}"] for r in suite)
+    assert all(r[f"identical/{spec}/ring"] for r in suite)
     assert suite[0][f"layout/{spec}"]["n"] == 4099
 
 
