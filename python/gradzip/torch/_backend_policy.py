@@ -67,7 +67,7 @@ class Policy:
             matches and whose ``min_elements`` it reaches, and stays exact when
             none does (codec ``"none"`` in a rule also keeps it exact).
         algorithm: the engine's ``"auto"`` (default), ``"allgather"``,
-            ``"scatter_reduce"`` or ``"hierarchical"``.
+            ``"scatter_reduce"``, ``"hierarchical"`` or ``"ring"``.
         server_codec: the codec scatter_reduce re-encodes chunk sums with
             (None: the engine's default, fp16 for onebit and the codec itself
             otherwise; ``"same"``: the codec itself).

@@ -123,7 +123,7 @@ class BlockMomentum:
             ``Communicator.from_env``: then torch.distributed is not needed);
             by default one is made over ``process_group``'s ranks.
         algorithm: the communicator's ``"auto"``, ``"allgather"``,
-            ``"scatter_reduce"`` or ``"hierarchical"`` (the registry's
+            ``"scatter_reduce"``, ``"hierarchical"`` or ``"ring"`` (the registry's
             allreduce algorithms, ``gradzip.allreduce_algorithm_names()``).
         server_codec: the spec scatter_reduce re-encodes each chunk's sum
             with (:meth:`gradzip.Communicator.allreduce`); None: the engine's

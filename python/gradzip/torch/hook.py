@@ -71,7 +71,7 @@ class CompressionState:
             two-phase scatter-reduce sends fewer bytes: allgather on 2 ranks,
             for onebit up to 15 ranks and for top-k up to 16; hierarchical
             across nodes of several ranks; docs/comm.md), ``"allgather"``,
-            ``"scatter_reduce"`` or ``"hierarchical"``.
+            ``"scatter_reduce"``, ``"hierarchical"`` or ``"ring"``.
         server_codec: the codec spec scatter_reduce re-encodes each chunk's sum
             with (its second phase). None (default): the engine's default, fp16
             for onebit, the codec itself otherwise; ``"same"``: the codec
