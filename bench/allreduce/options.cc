@@ -93,7 +93,7 @@ void usage(FILE* f) {
                "  --codecs LIST      comma-separated codec specs (default %s)\n"
                "  --sizes LIST       element counts with K/M/G suffixes (default 1M,4M,16M)\n"
                "  --transport T      one of: %s (default %s)\n"
-               "  --algorithm A      auto | allgather | scatter_reduce | hierarchical (default auto)\n"
+               "  --algorithm A      one of: %s (default auto)\n"
                "  --segment BYTES    payload bytes per pipeline segment, K/M suffixes (default 1M)\n"
                "  --predict          also print the cost model's prediction (pred), its error, and the\n"
                "                     limit: max(link time, bytes the codec touches / copy bandwidth)\n"
@@ -112,6 +112,7 @@ void usage(FILE* f) {
                "                     gradzip parses them, as JSON, and exit (2 and the reason when malformed)\n"
                "Codecs: %s\n",
                joined(default_codecs()).c_str(), transport_names().c_str(), std::string(kDefaultTransport).c_str(),
+               joined(allreduce_algorithm_names()).c_str(),
                std::string(codec_names()).c_str());
 }
 

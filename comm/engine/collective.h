@@ -32,8 +32,8 @@ const char* to_string(ReduceOp op);
 const char* to_string(Algorithm a);
 /// "sum" | "avg"/"average"; throws InvalidArgument listing the choices.
 ReduceOp parse_reduce_op(std::string_view s);
-/// "auto" or an allreduce algorithm's name (comm/algorithms/registry.h:
-/// allgather, scatter_reduce, hierarchical); throws InvalidArgument listing them.
+/// "auto" or an allreduce algorithm's name (comm/algorithms/registry.h);
+/// throws InvalidArgument listing them.
 Algorithm parse_algorithm(std::string_view s);
 /// What parse_algorithm takes: "auto", then each allreduce algorithm's name
 /// in registry order (Python's and the sweep's list).

@@ -169,7 +169,7 @@ def test_policy_arguments():
     assert p.codec_for(torch.empty(1 << 20, dtype=torch.float64)) is None
     assert p.codec_for(torch.empty(1 << 20, dtype=torch.int64)) is None
     assert Policy.parse("codec=topk:density=0.01;min_elements=5").rules == [("*", 5, "topk:density=0.01")]
-    for bad in [dict(codec="onebit", rules=[]), dict(algorithm="ring"), dict(rules=[("float64", 0, "fp16")]),
+    for bad in [dict(codec="onebit", rules=[]), dict(algorithm="butterfly"), dict(rules=[("float64", 0, "fp16")]),
                 dict(min_elements=-1)]:
         with pytest.raises(ValueError):
             Policy(**bad)

@@ -208,7 +208,7 @@ def _sgd(params):
     ({"block_lr": float("inf")}, "block_lr"),
     ({"nesterov": 1}, "nesterov must be True or False"),
     ({"overlap": "yes"}, "overlap must be True or False"),
-    ({"algorithm": "ring"}, "unknown algorithm 'ring'"),
+    ({"algorithm": "butterfly"}, "unknown algorithm 'butterfly'"),
     ({"transport": "mpi"}, "unknown transport 'mpi'"),
     ({"bucket_elements": 0}, "bucket_elements"),
 ])

@@ -41,7 +41,7 @@ def group():
     ({"warmup_steps": -1}, "warmup_steps"),
     ({"warmup_steps": 1.5}, "warmup_steps"),
     ({"transport": "mpi"}, "unknown transport"),
-    ({"algorithm": "ring"}, "unknown algorithm"),
+    ({"algorithm": "butterfly"}, "unknown algorithm"),
     ({"communicator": object()}, "only with transport='gradzip'"),
     ({"server_codec": "twobit"}, "valid codecs"),
 ])
