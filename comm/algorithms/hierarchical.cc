@@ -297,7 +297,7 @@ extern const AlgorithmDescriptor hierarchical{
     .residual_counts = detail::hierarchical_residuals,
     .wire_cost = detail::hierarchical_cost,
     .auto_candidate = detail::hierarchical_candidate,
-    .auto_priority = 1,
+    .auto_priority = 2,
     .predict = detail::hierarchical_predict,
 };
 

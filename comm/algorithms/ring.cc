@@ -221,16 +221,17 @@ std::pair<std::uint64_t, std::uint64_t> ring_residuals(const CodecConfig& codec,
   return {n, chunk_range(n, P, owned_chunk(rank, P), ring_grain(codec, false, n, P)).count};
 }
 
-// auto: only for exact sums (a lossless codec), above 2 ranks. A lossy
-// codec's partial sums are compressed again at every hop: measured at 4 and
-// 8 ranks (BENCHMARKS.md section 13), the ring's error was 1.1x to 1.7x
-// scatter_reduce's for the same bytes and about the same time, a cost in
-// quality that auto does not take on its own (algorithm="ring" runs it).
-// By bytes it never beats scatter_reduce (the same bytes, and scatter_reduce
-// comes first in the registry); the cost model weighs its 2(P-1) steps to
-// one peer against scatter_reduce's two rounds to P-1 peers.
+// auto: above 2 ranks, for codecs whose re-encoding at every hop is a
+// rounding (a one-call error bound of at most 1%: none, fp16, bf16), which
+// error feedback carries; there it ranks before scatter_reduce (priority 1):
+// the same bytes, to one peer, measured 3-17% faster for none and fp16 and
+// 15% faster in the DDP step (BENCHMARKS.md sections 13 and 8). A coarser
+// codec's partial sums are compressed again at every hop: its error was
+// 1.1x to 1.7x scatter_reduce's at about the same time, a cost in quality
+// auto does not take on its own (algorithm="ring" runs it).
+constexpr double kRoundingOnly = 1e-2;
 bool ring_candidate(const CodecConfig& codec, const TopologyShape& shape) {
-  return shape.ranks > 2 && codec.descriptor().lossless;
+  return shape.ranks > 2 && (codec.descriptor().lossless || allreduce_error_bound(codec) <= kRoundingOnly);
 }
 double ring_auto_bytes(double c, double s, int ranks) { return (ranks - 1) * (c + s) / ranks; }
 
@@ -248,20 +249,23 @@ Prediction ring_predict(const CostInputs& in) {
   const double m = static_cast<double>(chunk) / static_cast<double>(S);
   const bool remote = in.per_node < P;  // some hop crosses a link
   const CostGroup hop{2, remote ? 0 : 1, 1};
+  // A step's segments go to one peer, two in flight: the step waits for one
+  // exchange's latency, and its transfers follow one another behind it.
+  const double lat = remote ? in.link.latency_s : 0.0;
   // reduce: encode a partial sum, decode one payload into the next
   const double e1 = in.raw ? 0.0 : m * in.codec.encode_s;
   const double d1 = (in.raw ? sum_seconds(in, m, 1) : decode_seconds(in.codec, m, 1)) + transport_cpu_seconds(in, hop, m * c);
-  const double w1 = exchange_seconds(in, hop, m * c);
+  const double w1 = exchange_seconds(in, hop, m * c) - lat;
   // gather: forward one payload, decode it
   const double d2 = (in.raw ? 0.0 : decode_seconds(in.server, m, 1)) + transport_cpu_seconds(in, hop, m * s);
-  const double w2 = exchange_seconds(in, hop, m * s);
+  const double w2 = exchange_seconds(in, hop, m * s) - lat;
   const double steps = P - 1;
   p.segments = S;
   p.total_s = steps * (pipeline_seconds(S, e1 * in.compute_share, d1 * in.compute_share, w1) +
-                       pipeline_seconds(S, 0, d2 * in.compute_share, w2)) +
+                       pipeline_seconds(S, 0, d2 * in.compute_share, w2) + 2 * lat) +
               (in.raw ? 0.0 : chunk * in.server.encode_s * in.compute_share);
   p.compute_s = (steps * S * (e1 + d1 + d2) + (in.raw ? 0.0 : chunk * in.server.encode_s)) * in.compute_share;
-  p.wire_s = steps * S * (w1 + w2);
+  p.wire_s = steps * (S * (w1 + w2) + 2 * lat);
   return p;
 }
 
@@ -299,6 +303,7 @@ extern const AlgorithmDescriptor ring{
     .residual_counts = detail::ring_residuals,
     .wire_cost = detail::ring_cost,
     .auto_candidate = detail::ring_candidate,
+    .auto_priority = 1,
     .auto_bytes = detail::ring_auto_bytes,
     .predict = detail::ring_predict,
     .memory_bytes = detail::ring_memory,

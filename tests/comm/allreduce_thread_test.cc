@@ -97,8 +97,13 @@ TEST(ResolveAlgorithm, FollowsTheDocumentedRule) {
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, onebit, 16), Algorithm::ScatterReduce);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("onebit:block=64"), 9), Algorithm::Allgather);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("onebit:block=64"), 10), Algorithm::ScatterReduce);
-  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("fp16"), 3), Algorithm::ScatterReduce);
-  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, none, 3), Algorithm::ScatterReduce);
+  // fp16, bf16 and none from 3 ranks: the ring (scatter_reduce's bytes, ranked before it: its hops
+  // re-encode with a rounding only); coarser codecs never get it from auto.
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("fp16"), 3), Algorithm::Ring);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("bf16"), 8), Algorithm::Ring);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, none, 3), Algorithm::Ring);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, none, 2), Algorithm::Allgather);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("qsgd:bits=8"), 8), Algorithm::ScatterReduce);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, topk, 8), Algorithm::Allgather);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, topk, 32), Algorithm::ScatterReduce);
   EXPECT_EQ(resolve_algorithm(Algorithm::Allgather, none, 8), Algorithm::Allgather);
@@ -715,10 +720,11 @@ TEST(Hierarchical, AutoPicksItForSeveralNodesOfSeveralRanks) {
   const auto onebit = parse_spec("onebit"), topk = parse_spec("topk");
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, onebit, Topology::blocks(4, 2)), Algorithm::Hierarchical);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, topk, Topology::blocks(8, 4)), Algorithm::Hierarchical);
-  const auto fp16 = parse_spec("fp16");  // else the flat rule: scatter_reduce for fp16, allgather for onebit
-  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, fp16, Topology::blocks(4, 4)), Algorithm::ScatterReduce);  // one node
-  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, fp16, Topology::flat(4)), Algorithm::ScatterReduce);
-  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, fp16, Topology{{0, 0, 1}}), Algorithm::ScatterReduce);  // uneven
+  const auto fp16 = parse_spec("fp16");  // else the flat rule: the ring for fp16, allgather for onebit
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, fp16, Topology::blocks(4, 2)), Algorithm::Hierarchical);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, fp16, Topology::blocks(4, 4)), Algorithm::Ring);  // one node
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, fp16, Topology::flat(4)), Algorithm::Ring);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, fp16, Topology{{0, 0, 1}}), Algorithm::Ring);  // uneven
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, onebit, Topology::flat(4)), Algorithm::Allgather);
   EXPECT_THROW(resolve_algorithm(Algorithm::Hierarchical, onebit, Topology{{0, 0, 1}}), InvalidArgument);
   EXPECT_EQ(parse_algorithm("hierarchical"), Algorithm::Hierarchical);

@@ -201,10 +201,14 @@ TEST(CostModel, AutoKeepsTheAccuracyRules) {
   // Every codec's descriptor keeps 2 ranks on allgather (one compression, the same bytes).
   EXPECT_EQ(auto_candidates(fp16, Topology::flat(2)), std::vector<Algorithm>{Algorithm::Allgather});
   EXPECT_EQ(auto_candidates(fp16, Topology::flat(3)),
-            (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce}));
+            (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring}));
   EXPECT_EQ(auto_candidates(fp16, Topology::blocks(4, 2)),
-            (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Hierarchical}));
-  // The ring re-encodes partial sums at every hop: auto offers it for exact sums only.
+            (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Hierarchical,
+                                    Algorithm::Ring}));
+  // The ring re-encodes partial sums at every hop: auto offers it where that is a rounding only
+  // (none, fp16, bf16), never for a coarser codec.
+  EXPECT_EQ(auto_candidates(parse_spec("qsgd:bits=8"), Topology::flat(8)),
+            (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce}));
   EXPECT_EQ(auto_candidates(parse_spec("none"), Topology::flat(3)),
             (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring}));
   EXPECT_EQ(auto_candidates(parse_spec("none"), Topology::flat(2)), std::vector<Algorithm>{Algorithm::Allgather});
@@ -387,19 +391,28 @@ TEST(AutoChoice, EveryRankRunsRankZerosChoice) {
             rates_cache_line(id, "machine", "1e10 1e-10 1e-10") + "\n");
   };
   const std::size_t n = 1 << 20;
-  // Dear encodes, a 100 Gbit/s link: allgather on every rank (bytes say scatter_reduce).
+  // qsgd 8-bit (no ring for it): dear encodes on a 100 Gbit/s link, allgather on every rank (bytes
+  // say scatter_reduce); dear decodes per payload, scatter_reduce.
+  const char* q8 = "qsgd:bits=8";
+  auto write_q8 = [&](const char* values) {
+    t.write(std::string("gradzip-codec-rates 1\nmachine\t") + id + "\n" +
+            rates_cache_line(id, std::string("codec ") + parse_spec(q8).canonical(), values) + "\n" +
+            rates_cache_line(id, std::string("codec ") + server_codec_config(parse_spec(q8)).canonical(), values) +
+            "\n" + rates_cache_line(id, "machine", "1e10 1e-10 1e-10") + "\n");
+  };
+  write_q8("1e-6 1e-11 1e-11 1.03");
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec(q8), 4), Algorithm::ScatterReduce);
+  for (Algorithm a : choices(4, "100gbit", q8, n)) EXPECT_EQ(a, Algorithm::Allgather);
+  write_q8("1e-11 1e-11 1e-6 1.03");
+  for (Algorithm a : choices(4, "100gbit", q8, n)) EXPECT_EQ(a, Algorithm::ScatterReduce);
+  // fp16: the ring, by the model as by bytes.
   write("1e-6 1e-11 1e-11 2");
-  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("fp16"), 4), Algorithm::ScatterReduce);
-  for (Algorithm a : choices(4, "100gbit", "fp16", n)) EXPECT_EQ(a, Algorithm::Allgather);
-  // Dear decodes per payload: scatter_reduce.
-  write("1e-11 1e-11 1e-6 2");
-  for (Algorithm a : choices(4, "100gbit", "fp16", n)) EXPECT_EQ(a, Algorithm::ScatterReduce);
+  for (Algorithm a : choices(4, "100gbit", "fp16", n)) EXPECT_EQ(a, Algorithm::Ring);
   // No link: the rule by bytes, and nothing measured or read.
-  write("1e-6 1e-11 1e-11 2");
-  for (Algorithm a : choices(4, "", "fp16", n)) EXPECT_EQ(a, Algorithm::ScatterReduce);
+  for (Algorithm a : choices(4, "", "fp16", n)) EXPECT_EQ(a, Algorithm::Ring);
   // Turned off.
   setenv("GRADZIP_COST_MODEL", "off", 1);
-  for (Algorithm a : choices(4, "100gbit", "fp16", n)) EXPECT_EQ(a, Algorithm::ScatterReduce);
+  for (Algorithm a : choices(4, "100gbit", "fp16", n)) EXPECT_EQ(a, Algorithm::Ring);
   unsetenv("GRADZIP_COST_MODEL");
   // top-k keeps allgather up to 16 ranks whatever the rates.
   for (Algorithm a : choices(4, "1mbit", "topk", n)) EXPECT_EQ(a, Algorithm::Allgather);
