@@ -222,16 +222,19 @@ std::pair<std::uint64_t, std::uint64_t> ring_residuals(const CodecConfig& codec,
 }
 
 // auto: above 2 ranks, for codecs whose re-encoding at every hop is a
-// rounding (a one-call error bound of at most 1%: none, fp16, bf16), which
-// error feedback carries; there it ranks before scatter_reduce (priority 1):
+// rounding (a one-call error bound of at most 1%: fp16, bf16), which error
+// feedback carries; there it ranks before scatter_reduce (priority 1):
 // the same bytes, to one peer, measured 3-17% faster for none and fp16 and
 // 15% faster in the DDP step with fp16 (BENCHMARKS.md section 13). A coarser
 // codec's partial sums are compressed again at every hop: its error was
 // 1.1x to 1.7x scatter_reduce's at about the same time, a cost in quality
-// auto does not take on its own (algorithm="ring" runs it).
+// auto does not take on its own (algorithm="ring" runs it). Exact sums
+// (none) keep scatter_reduce: its sums run in rank order, bit for bit the
+// fp32 reference that BlockMomentum and the layer filters are held to; the
+// ring's run in ring order.
 constexpr double kRoundingOnly = 1e-2;
 bool ring_candidate(const CodecConfig& codec, const TopologyShape& shape) {
-  return shape.ranks > 2 && (codec.descriptor().lossless || allreduce_error_bound(codec) <= kRoundingOnly);
+  return shape.ranks > 2 && !codec.descriptor().lossless && allreduce_error_bound(codec) <= kRoundingOnly;
 }
 double ring_auto_bytes(double c, double s, int ranks) { return (ranks - 1) * (c + s) / ranks; }
 

@@ -97,11 +97,12 @@ TEST(ResolveAlgorithm, FollowsTheDocumentedRule) {
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, onebit, 16), Algorithm::ScatterReduce);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("onebit:block=64"), 9), Algorithm::Allgather);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("onebit:block=64"), 10), Algorithm::ScatterReduce);
-  // fp16, bf16 and none from 3 ranks: the ring (scatter_reduce's bytes, ranked before it: its hops
-  // re-encode with a rounding only); coarser codecs never get it from auto.
+  // fp16 and bf16 from 3 ranks: the ring (scatter_reduce's bytes, ranked before it: its hops
+  // re-encode with a rounding only); coarser codecs never get it from auto, nor none (its sums in
+  // rank order are the fp32 reference).
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("fp16"), 3), Algorithm::Ring);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("bf16"), 8), Algorithm::Ring);
-  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, none, 3), Algorithm::Ring);
+  EXPECT_EQ(resolve_algorithm(Algorithm::Auto, none, 3), Algorithm::ScatterReduce);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, none, 2), Algorithm::Allgather);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, parse_spec("qsgd:bits=8"), 8), Algorithm::ScatterReduce);
   EXPECT_EQ(resolve_algorithm(Algorithm::Auto, topk, 8), Algorithm::Allgather);

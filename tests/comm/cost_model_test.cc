@@ -206,11 +206,11 @@ TEST(CostModel, AutoKeepsTheAccuracyRules) {
             (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Hierarchical,
                                     Algorithm::Ring}));
   // The ring re-encodes partial sums at every hop: auto offers it where that is a rounding only
-  // (none, fp16, bf16), never for a coarser codec.
+  // (fp16, bf16), never for a coarser codec, nor for none (its rank-order sums are the reference).
   EXPECT_EQ(auto_candidates(parse_spec("qsgd:bits=8"), Topology::flat(8)),
             (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce}));
   EXPECT_EQ(auto_candidates(parse_spec("none"), Topology::flat(3)),
-            (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce, Algorithm::Ring}));
+            (std::vector<Algorithm>{Algorithm::Allgather, Algorithm::ScatterReduce}));
   EXPECT_EQ(auto_candidates(parse_spec("none"), Topology::flat(2)), std::vector<Algorithm>{Algorithm::Allgather});
 }
 

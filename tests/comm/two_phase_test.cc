@@ -172,9 +172,9 @@ TEST(ServerPhase, AutoPicksTheAlgorithmThatSendsFewerBytes) {
     const Input input = [n](int r, int s) { return make_input(r, n, s); };
     const std::size_t ag = run(P, n, spec, with(Algorithm::Allgather), 1, input).last.wire_bytes;
     const std::size_t sr = run(P, n, spec, with(Algorithm::ScatterReduce), 1, input).last.wire_bytes;
-    // Where scatter_reduce sends fewer bytes and its re-encoding is a rounding only (fp16, none), the
-    // ring, which sends as many, ranks before it (its descriptor's auto_priority).
-    const bool rounding = allreduce_error_bound(parse_spec(spec)) <= 1e-2;
+    // Where scatter_reduce sends fewer bytes and its re-encoding is a rounding only (fp16), the ring,
+    // which sends as many, ranks before it (its descriptor's auto_priority); none keeps scatter_reduce.
+    const bool rounding = !parse_spec(spec).descriptor().lossless && allreduce_error_bound(parse_spec(spec)) <= 1e-2;
     const Algorithm want = ag <= sr ? Algorithm::Allgather : rounding ? Algorithm::Ring : Algorithm::ScatterReduce;
     if (want == Algorithm::Ring) {
       EXPECT_EQ(run(P, n, spec, with(Algorithm::Ring), 1, input).last.wire_bytes, sr);
