@@ -224,7 +224,7 @@ std::pair<std::uint64_t, std::uint64_t> ring_residuals(const CodecConfig& codec,
 // auto: above 2 ranks, for codecs whose re-encoding at every hop is a
 // rounding (a one-call error bound of at most 1%: fp16, bf16), which error
 // feedback carries; there it ranks before scatter_reduce (priority 1):
-// the same bytes, to one peer, measured 3-17% faster for none and fp16 and
+// the same bytes, to one peer, measured 3-14% faster for fp16 and
 // 15% faster in the DDP step with fp16 (BENCHMARKS.md section 13). A coarser
 // codec's partial sums are compressed again at every hop: its error was
 // 1.1x to 1.7x scatter_reduce's at about the same time, a cost in quality
