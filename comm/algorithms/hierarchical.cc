@@ -241,13 +241,13 @@ Prediction hierarchical_predict(const CostInputs& in) {
     GZ_THROW(InvalidArgument, "the hierarchical cost needs nodes of 2 or more ranks, got ", in.ranks, " ranks, ", L,
              " per node");
   const int N = in.ranks / L;
-  const std::size_t shard = (in.n + static_cast<std::size_t>(L) - 1) / static_cast<std::size_t>(L);
+  const std::size_t shard = chunk_range(in.n, L, 0).count;  // the largest
   const CostGroup node{L, L - 1, 1}, column{N, 0, L};
   Prediction p;
   // 1. reduce-scatter inside the node, fp32 (the floats on the host).
   {
     const std::size_t seg = model_segment_elems(shard, 4.0, in.segment_bytes);
-    const std::size_t S = (shard + seg - 1) / seg;
+    const std::size_t S = segment_count(shard, seg);
     const double m = static_cast<double>(shard) / static_cast<double>(S);
     const double d = (sum_seconds(in, m, L) + transport_cpu_seconds(in, node, 4 * m)) * in.compute_share;
     const double w = exchange_seconds(in, node, 4 * m);

@@ -245,10 +245,10 @@ Prediction ring_predict(const CostInputs& in) {
   Prediction p;
   const int P = in.ranks;
   if (P <= 1 || in.n == 0) return p;
-  const std::size_t chunk = (in.n + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P);
+  const std::size_t chunk = chunk_range(in.n, P, 0).count;  // the largest
   const double c = codec_bytes(in), s = server_bytes(in);
   const std::size_t seg = model_segment_elems(chunk, std::max(c, s), in.segment_bytes);
-  const std::size_t S = (chunk + seg - 1) / seg;
+  const std::size_t S = segment_count(chunk, seg);
   const double m = static_cast<double>(chunk) / static_cast<double>(S);
   const bool remote = in.per_node < P;  // some hop crosses a link
   const CostGroup hop{2, remote ? 0 : 1, 1};

@@ -1,7 +1,5 @@
 #include "comm/cost/auto_choice.h"
 
-#include "comm/algorithms/algorithm.h"
-
 #include <sched.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/cost/codec_rates.h"
 #include "comm/base/env.h"
 #include "common/error.h"

@@ -1,7 +1,6 @@
 #include "comm/cost/cost_model.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -94,7 +93,6 @@ CostGroup world_group(const CostInputs& in) {
   return CostGroup{in.ranks, L - 1, L};
 }
 
-
 LinkModel parse_link_model(std::string_view text) {
   // gradzip-run --link's own parser (common/units.h): one syntax and one
   // range for the launcher, the benchmark's --link, GRADZIP_LINK and
@@ -136,11 +134,6 @@ Prediction predict(Algorithm a, const CostInputs& in) {
   const AlgorithmDescriptor& d = algorithm_descriptor(a);
   if (!d.predict) GZ_THROW(InvalidArgument, "no cost formula for algorithm '", d.name, "'");
   return d.predict(in);
-}
-
-bool has_cost_formula(Algorithm a) {
-  const AlgorithmDescriptor* d = find_algorithm(a);
-  return d && d->predict;
 }
 
 double memory_bytes(Algorithm a, const CostInputs& in) {

@@ -22,7 +22,6 @@
 #pragma once
 
 #include <cstddef>
-#include <span>
 #include <string>
 #include <string_view>
 
@@ -104,8 +103,6 @@ struct Prediction {
 /// without a formula: throws InvalidArgument; hierarchical needs per_node
 /// >= 2 dividing ranks).
 Prediction predict(Algorithm a, const CostInputs& in);
-/// Whether `a` has a time formula (auto by the model considers only those).
-bool has_cost_formula(Algorithm a);
 
 /// Bytes of memory one rank's codec work must touch in a call of `a`
 /// (its descriptor's memory_bytes; 0 where it has none: hierarchical): encode reads the gradient (and

@@ -156,11 +156,10 @@ gz::CommunicatorOptions make_options(std::optional<double> timeout_s, const std:
 
 std::unique_ptr<CommHandle> from_env(std::string_view transport, std::optional<double> timeout_s,
                                      const std::string& prefix, int cuda_device) {
-  gz::transport_descriptor(transport);  // an unknown or absent transport: before anything starts
   const gz::CommunicatorOptions options = make_options(timeout_s, prefix, cuda_device);
   auto h = std::make_unique<CommHandle>();
   nb::gil_scoped_release release;
-  h->comm = gz::Communicator::from_env(transport, options);
+  h->comm = gz::Communicator::from_env(transport, options);  // checks the transport's name first
   return h;
 }
 

@@ -408,8 +408,6 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         if self._resume.settle(agree, "backend"):
             self._states = States()
 
-    # -- internals --------------------------------------------------------------
-
     def _codec_for(self, tensors: List[torch.Tensor], opts: Any) -> Any:
         if len(tensors) != 1 or self._size == 1:
             return None
