@@ -32,7 +32,7 @@ class CastCodec final : public Codec {
     });
     return wire::kHeaderBytes + 2 * n;
   }
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+  void decode_cuda(const std::byte* payload, std::size_t, const DecodeOut& out, std::size_t n, Combine c,
                    const ExecContext& ctx) override {
     kernels::cuda::cast_decode<Fmt>(reinterpret_cast<const std::uint16_t*>(payload + wire::kHeaderBytes), n, out, c,
                                     &ctx.status->code, ctx.stream);

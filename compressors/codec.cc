@@ -217,20 +217,21 @@ void Codec::decode_cuda_all(std::span<const PayloadRef> payloads, void* out, Dty
     cuda_codec::validate_header(p.data, p.bytes, id(), n, fixed, param, size_ok(p), c.status, ctx.stream);
   for (const PayloadRef& p : payloads)
     if (size_ok(p)) check_body_cuda(p.data, p.bytes, n, c);
-  // A 16-bit output: the decodes combine into a float buffer (holding the
-  // output widened when a single decode accumulates), rounded once at the end.
+  // A 16-bit output is written once, by the last decode, rounded once: a sum's
+  // earlier payloads add up in a float buffer that the last one adds to (the
+  // CPU's float tile); a single decode reads and writes out itself. Every
+  // decode is gated: a malformed payload leaves out unchanged.
   const bool wide = dtype != Dtype::Float32;
-  float* target = wide ? wide_buffer(ctx, n) : static_cast<float*>(out);
-  if (wide && single && single->accumulate)
-    kernels::with_elements(dtype, static_cast<const void*>(out),
-                           [&](auto* o) { kernels::cuda::widen(o, n, target, ctx.stream); });
+  float* partial = wide ? wide_buffer(ctx, n) : nullptr;
   const std::size_t m = payloads.size();
-  for (std::size_t j = 0; j < m; ++j)
-    if (size_ok(payloads[j]))
-      decode_cuda(payloads[j].data, payloads[j].bytes, target, n, single ? *single : sum_mode(j, m, scale), c);
-  if (wide)  // gated: a malformed payload leaves out unchanged
-    kernels::with_elements(dtype, out,
-                           [&](auto* o) { kernels::cuda::narrow(target, n, o, &c.status->code, ctx.stream); });
+  for (std::size_t j = 0; j < m; ++j) {
+    if (!size_ok(payloads[j])) continue;
+    const bool last = j + 1 == m;
+    DecodeOut target{out, dtype};
+    if (wide && !last) target = DecodeOut{partial, Dtype::Float32};
+    if (wide && last) target = single ? DecodeOut{out, dtype, nullptr, partial} : DecodeOut{out, dtype, partial};
+    decode_cuda(payloads[j].data, payloads[j].bytes, target, n, single ? *single : sum_mode(j, m, scale), c);
+  }
   if (synchronous) check_payload_status(c.status, ctx.stream);
 }
 #else
@@ -244,7 +245,7 @@ std::size_t Codec::encode_cuda(GradRef, float*, std::size_t, std::byte*, const E
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
 
-void Codec::decode_cuda(const std::byte*, std::size_t, float*, std::size_t, Combine, const ExecContext&) {
+void Codec::decode_cuda(const std::byte*, std::size_t, const DecodeOut&, std::size_t, Combine, const ExecContext&) {
   GZ_THROW(InvalidArgument, spec(), ": this build of gradzip has no CUDA support (configure with GRADZIP_CUDA=ON)");
 }
 

@@ -24,7 +24,8 @@
 //     output type (round to nearest even; out of range -> inf, as torch's
 //     .to()): out = round(combine(float(out), d, c)). decode_sum's sum of P
 //     payloads accumulates in float (a tile on the CPU, a workspace buffer on
-//     CUDA) and rounds once at the end. Same bits on the CPU and the GPU.
+//     CUDA that the last payload's kernel adds and rounds into out: one pass
+//     over out) and rounds once at the end. Same bits on the CPU and the GPU.
 //
 // Constraints:
 //   - encode: v = grad + residual; payload = Q(v); residual = v - D(payload).
@@ -81,6 +82,7 @@
 #include "compressors/payload_status.h"
 #include "compressors/spec.h"
 #include "kernels/combine.h"
+#include "kernels/decode_out.h"
 #include "kernels/element.h"
 
 namespace gz {
@@ -116,6 +118,8 @@ struct PayloadRef {
 
 /// How a decode writes into its output: kernels/combine.h.
 using Combine = kernels::Combine;
+/// Where a CUDA decode writes, float or 16-bit: kernels/decode_out.h.
+using DecodeOut = kernels::cuda::DecodeOut;
 
 /// A gradient an encode reads: its elements and their type.
 struct GradRef {
@@ -169,8 +173,9 @@ class Codec {
   std::size_t write_header(std::size_t n, std::byte* dst) const;
   /// Scratch bytes a call on n elements of `dtype` needs on `device`: an
   /// encode's scratch, on CUDA the status word of a decode, and for a 16-bit
-  /// dtype a float buffer of n where the call widens (CUDA decodes; encodes
-  /// without error feedback). None for a float decode on the CPU.
+  /// dtype a float buffer of n (CUDA decodes: a sum's partial sum, top-k's
+  /// scratch; encodes without error feedback: the widened gradient). None for
+  /// a float decode on the CPU.
   std::size_t workspace_bytes(std::size_t n, Device device, Dtype dtype = Dtype::Float32) const;
   /// CUDA workspaces start with this many bytes (the status word of a
   /// synchronous decode); a codec's own scratch follows.
@@ -250,8 +255,9 @@ class Codec {
   /// ctx.status->code is 0 when they run. It is skipped when the payload size
   /// already shows the payload is malformed (for a fixed-size codec, bytes !=
   /// max_payload_bytes(n)), so it may size its launches from bytes and n.
-  virtual void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
-                           const ExecContext& ctx);
+  /// It writes `out` in one pass, a 16-bit one too (DecodeOut's rule).
+  virtual void decode_cuda(const std::byte* payload, std::size_t bytes, const DecodeOut& out, std::size_t n,
+                           Combine c, const ExecContext& ctx);
   /// CUDA body checks beyond the header (top-k indices) into ctx.status,
   /// queued before any decode_cuda of the call; called only when the size is
   /// plausible (as for decode_cuda).

@@ -51,7 +51,7 @@ class Fp8Codec final : public Codec {
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's format and block.
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+  void decode_cuda(const std::byte* payload, std::size_t, const DecodeOut& out, std::size_t n, Combine c,
                    const ExecContext& ctx) override {
     const std::byte* body = payload + wire::kHeaderBytes;
     kernels::cuda::fp8_decode(reinterpret_cast<const float*>(body),

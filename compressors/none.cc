@@ -30,7 +30,7 @@ class NoneCodec final : public Codec {
     });
     return wire::kHeaderBytes + 4 * n;
   }
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+  void decode_cuda(const std::byte* payload, std::size_t, const DecodeOut& out, std::size_t n, Combine c,
                    const ExecContext& ctx) override {
     kernels::cuda::copy_decode(reinterpret_cast<const float*>(payload + wire::kHeaderBytes), n, out, c,
                                &ctx.status->code, ctx.stream);

@@ -60,7 +60,7 @@ class QsgdCodec final : public Codec {
     return wire::kHeaderBytes + body_bytes;
   }
   // Runs only when the size matched max_payload_bytes(n), i.e. this codec's bits and bucket.
-  void decode_cuda(const std::byte* payload, std::size_t, float* out, std::size_t n, Combine c,
+  void decode_cuda(const std::byte* payload, std::size_t, const DecodeOut& out, std::size_t n, Combine c,
                    const ExecContext& ctx) override {
     const std::uint32_t param = header_param(n);
     const std::byte* body = payload + wire::kHeaderBytes;

@@ -123,7 +123,7 @@ class TopkCodec final : public Codec {
                                       entries(bytes, n), n, ctx.status, ctx.stream);
   }
 
-  void decode_cuda(const std::byte* payload, std::size_t bytes, float* out, std::size_t n, Combine c,
+  void decode_cuda(const std::byte* payload, std::size_t bytes, const DecodeOut& out, std::size_t n, Combine c,
                    const ExecContext& ctx) override {
     const std::size_t body_bytes = bytes - wire::kHeaderBytes;
     if (body_bytes % 8 != 0 || body_bytes / 8 > n) return;  // the header check has closed the gate

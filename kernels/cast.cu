@@ -54,9 +54,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    copy_decode_kernel(const float* __restrict__ in, std::size_t n, float* __restrict__ out, Combine c,
-                       const std::uint32_t* gate, bool vec) {
+    copy_decode_kernel(const float* __restrict__ in, std::size_t n, Out<T> out, Combine c, const std::uint32_t* gate,
+                       bool vec) {
   decode_elements<4>(
       n, out, c, gate, vec,
       [&](std::size_t u, float* d) {
@@ -112,9 +113,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <class Fmt>
+template <class Fmt, class T>
 __global__ void __launch_bounds__(kThreads)
-    cast_decode_kernel(const std::uint16_t* __restrict__ in, std::size_t n, float* __restrict__ out, Combine c,
+    cast_decode_kernel(const std::uint16_t* __restrict__ in, std::size_t n, Out<T> out, Combine c,
                        const std::uint32_t* gate, bool vec) {
   decode_elements<8>(  // 8 elements per unit: one 16-byte load of payload
       n, out, c, gate, vec,
@@ -158,11 +159,14 @@ void copy_encode(const G* g, float* r, std::size_t n, float* out, const Blob32& 
   GZ_LAUNCH_CHECK(copy_encode_kernel);
 }
 
-void copy_decode(const float* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate, Stream stream) {
+void copy_decode(const float* in, std::size_t n, const DecodeOut& out, Combine c, const std::uint32_t* gate,
+                 Stream stream) {
   if (n == 0) return;
   const bool vec = aligned16(in) && aligned16(out);
-  copy_decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(in, n, out, c, gate, vec);
-  GZ_LAUNCH_CHECK(copy_decode_kernel);
+  with_out(out, [&](auto o) {
+    copy_decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(in, n, o, c, gate, vec);
+    GZ_LAUNCH_CHECK(copy_decode_kernel);
+  });
 }
 
 template <class Fmt, class G>
@@ -178,12 +182,14 @@ void cast_encode(const G* g, float* r, std::size_t n, std::uint16_t* out, const 
 }
 
 template <class Fmt>
-void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate,
+void cast_decode(const std::uint16_t* in, std::size_t n, const DecodeOut& out, Combine c, const std::uint32_t* gate,
                  Stream stream) {
   if (n == 0) return;
   const bool vec = aligned16(in) && aligned16(out);
-  cast_decode_kernel<Fmt><<<decode_grid<8>(n, vec), kThreads, 0, stream>>>(in, n, out, c, gate, vec);
-  GZ_LAUNCH_CHECK(cast_decode_kernel);
+  with_out(out, [&](auto o) {
+    cast_decode_kernel<Fmt><<<decode_grid<8>(n, vec), kThreads, 0, stream>>>(in, n, o, c, gate, vec);
+    GZ_LAUNCH_CHECK(cast_decode_kernel);
+  });
 }
 
 #define GZ_INSTANTIATE(G)                                                                                      \
@@ -194,9 +200,9 @@ void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, 
   template void cast_encode<BFloat16Format>(const G*, float*, std::size_t, std::uint16_t*, const Blob32&, Stream);
 GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
 #undef GZ_INSTANTIATE
-template void cast_decode<HalfFormat>(const std::uint16_t*, std::size_t, float*, Combine, const std::uint32_t*,
-                                      Stream);
-template void cast_decode<BFloat16Format>(const std::uint16_t*, std::size_t, float*, Combine, const std::uint32_t*,
-                                          Stream);
+template void cast_decode<HalfFormat>(const std::uint16_t*, std::size_t, const DecodeOut&, Combine,
+                                      const std::uint32_t*, Stream);
+template void cast_decode<BFloat16Format>(const std::uint16_t*, std::size_t, const DecodeOut&, Combine,
+                                          const std::uint32_t*, Stream);
 
 }  // namespace gz::kernels::cuda

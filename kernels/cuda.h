@@ -9,8 +9,9 @@
 //     synchronizes the host unless the function says so. No allocation.
 //   - `g` is the gradient (n floats), `r` the error-feedback residual (n
 //     floats, updated in place; nullptr encodes without feedback).
-//   - Decode functions write all n elements of `out` as kernels/combine.h
-//     says (add or overwrite, then scale), like the CPU loops. When `gate` is
+//   - Decode functions write all n elements of a DecodeOut as
+//     kernels/combine.h says (add or overwrite, then scale), like the CPU
+//     loops; a 16-bit output in the same pass, rounded once. When `gate` is
 //     non-null they do nothing unless *gate == 0 when they start (the payload
 //     status word written by a validation launch earlier on the same stream).
 //   - Full speed needs g, r, out and the payload body 16-byte aligned (a
@@ -26,6 +27,7 @@
 
 #include "common/stream.h"
 #include "kernels/combine.h"
+#include "kernels/decode_out.h"
 #include "kernels/element.h"
 #include "kernels/onebit.h"
 
@@ -61,13 +63,13 @@ void narrow(const float* in, std::size_t n, T* out, const std::uint32_t* gate, S
 template <class G>
 void copy_encode(const G* g, float* r, std::size_t n, float* out, const Blob32& head, Stream stream);
 /// out[i] = combine(out[i], in[i], c).
-void copy_decode(const float* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate, Stream stream);
+void copy_decode(const float* in, std::size_t n, const DecodeOut& out, Combine c, const std::uint32_t* gate, Stream stream);
 
 // ---- fp16 / bf16 (Fmt = HalfFormat | BFloat16Format) -----------------------
 template <class Fmt, class G>
 void cast_encode(const G* g, float* r, std::size_t n, std::uint16_t* out, const Blob32& head, Stream stream);
 template <class Fmt>
-void cast_decode(const std::uint16_t* in, std::size_t n, float* out, Combine c, const std::uint32_t* gate,
+void cast_decode(const std::uint16_t* in, std::size_t n, const DecodeOut& out, Combine c, const std::uint32_t* gate,
                  Stream stream);
 
 // ---- onebit ---------------------------------------------------------------
@@ -79,7 +81,7 @@ template <class G>
 void onebit_encode(const G* g, float* r, std::size_t n, std::uint32_t block, OnebitScales* scales,
                    std::uint32_t* bits, const Blob32& head, Stream stream);
 void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n, std::uint32_t block,
-                   float* out, Combine c, const std::uint32_t* gate, Stream stream);
+                   const DecodeOut& out, Combine c, const std::uint32_t* gate, Stream stream);
 
 // ---- top-k ----------------------------------------------------------------
 /// Exact (or, with `sampled`, DGC-style) top-k by magnitude of v = g + r,
@@ -113,8 +115,10 @@ void topk_encode(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::siz
 /// A payload of k entries combined into out[0..n) (combine.h's rule for sparse
 /// payloads): overwrite zeroes out, then writes the entries; accumulate adds
 /// them, then scales all of out when c.scaled(). Indices must be valid
-/// (checked by an earlier launch that closes `gate` otherwise).
-void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, float* out, Combine c,
-                 const std::uint32_t* gate, Stream stream);
+/// (checked by an earlier launch that closes `gate` otherwise). A 16-bit out
+/// takes one dense pass over out (plus passes over the k entries); a single
+/// accumulate needs out.scratch (k floats).
+void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, const DecodeOut& out,
+                 Combine c, const std::uint32_t* gate, Stream stream);
 
 }  // namespace gz::kernels::cuda

@@ -89,12 +89,63 @@ __device__ __forceinline__ T load_pair(const T* array, std::size_t b) {
   return v;
 }
 
-/// out[4u .. 4u+3] = combine(out, d[0..3], c), as one float4 (out 16-byte
-/// aligned); an overwrite does not read out.
-__device__ __forceinline__ void store4(float* __restrict__ out, std::size_t u, const float* d, Combine c) {
-  float4 o = c.accumulate ? reinterpret_cast<float4*>(out)[u] : float4{};
-  o.x = combine(o.x, d[0], c), o.y = combine(o.y, d[1], c), o.z = combine(o.z, d[2], c), o.w = combine(o.w, d[3], c);
-  reinterpret_cast<float4*>(out)[u] = o;
+/// A DecodeOut on the device, its element type fixed: T = float, Half or
+/// BFloat16 (partial is null for float).
+template <class T>
+struct Out {
+  T* out;
+  const float* partial;
+};
+
+/// Calls f(Out<T>) for the DecodeOut's dtype: one instantiation of a decode
+/// kernel per output type.
+template <class F>
+void with_out(const DecodeOut& o, F&& f) {
+  with_elements(o.dtype, o.out, [&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    f(Out<T>{p, std::is_same_v<T, float> ? nullptr : o.partial});
+  });
+}
+
+/// Whether every array a decode writes or adds to is 16-byte aligned.
+inline bool aligned16(const DecodeOut& o) { return aligned16(o.out) && (!o.partial || aligned16(o.partial)); }
+
+/// The value an accumulate adds element i to (DecodeOut's rule); 0 when the
+/// decode overwrites (combine ignores it then, and out is not read).
+template <class T>
+__device__ __forceinline__ float addend(Out<T> o, std::size_t i, Combine c) {
+  if (!c.accumulate) return 0.0f;
+  return o.partial ? o.partial[i] : to_float(o.out[i]);
+}
+
+/// out[4u .. 4u+3] = combine(out, d[0..3], c), one 16-byte float4 or, for a
+/// 16-bit out, one 8-byte word of four elements rounded once (out 16-byte
+/// aligned; the partial sum too); an overwrite does not read out.
+template <class T>
+__device__ __forceinline__ void store4(Out<T> o, std::size_t u, const float* d, Combine c) {
+  if constexpr (std::is_same_v<T, float>) {
+    float4 v = c.accumulate ? reinterpret_cast<const float4*>(o.out)[u] : float4{};
+    v.x = combine(v.x, d[0], c), v.y = combine(v.y, d[1], c), v.z = combine(v.z, d[2], c), v.w = combine(v.w, d[3], c);
+    reinterpret_cast<float4*>(o.out)[u] = v;
+  } else {
+    float a[4] = {};
+    if (c.accumulate) {
+      if (o.partial) {
+        const float4 p = reinterpret_cast<const float4*>(o.partial)[u];
+        a[0] = p.x, a[1] = p.y, a[2] = p.z, a[3] = p.w;
+      } else {
+        const uint2 w = reinterpret_cast<const uint2*>(o.out)[u];
+        a[0] = to_float(T{static_cast<std::uint16_t>(w.x & 0xFFFFu)});
+        a[1] = to_float(T{static_cast<std::uint16_t>(w.x >> 16)});
+        a[2] = to_float(T{static_cast<std::uint16_t>(w.y & 0xFFFFu)});
+        a[3] = to_float(T{static_cast<std::uint16_t>(w.y >> 16)});
+      }
+    }
+    std::uint32_t h[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) h[e] = from_float<T>(combine(a[e], d[e], c)).bits;
+    reinterpret_cast<uint2*>(o.out)[u] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+  }
 }
 
 __device__ __forceinline__ std::size_t global_thread() {
@@ -102,17 +153,18 @@ __device__ __forceinline__ std::size_t global_thread() {
 }
 __device__ __forceinline__ std::size_t grid_threads() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
 
-/// The body of every decode kernel: nothing when the gate is closed, else
-/// out[i] = combine(out[i], element i, c) for i < n, grid-stride.
-///   vec (out 16-byte aligned, and whatever `unit` reads aligned for it):
-///     thread units of K consecutive elements (K a multiple of 4): unit(u, d)
-///     decodes elements K u .. K u + K - 1 into d[0 .. K), stored as K / 4
-///     float4s (store4); the elements after the last whole unit, and every
-///     element without vec, one at a time: value(i).
+/// The body of every dense decode kernel: nothing when the gate is closed,
+/// else element i of `o` combined with element i of the payload as DecodeOut
+/// says, for i < n, grid-stride; in one pass for every output type.
+///   vec (aligned16 of the DecodeOut, and whatever `unit` reads aligned for
+///     it): thread units of K consecutive elements (K a multiple of 4):
+///     unit(u, d) decodes elements K u .. K u + K - 1 into d[0 .. K), stored
+///     four at a time (store4); the elements after the last whole unit, and
+///     every element without vec, one at a time: value(i).
 /// Launch with decode_grid<K>(n, vec) blocks of kThreads.
-template <int K, class Unit, class Value>
-__device__ __forceinline__ void decode_elements(std::size_t n, float* __restrict__ out, Combine c,
-                                                const std::uint32_t* gate, bool vec, Unit unit, Value value) {
+template <int K, class T, class Unit, class Value>
+__device__ __forceinline__ void decode_elements(std::size_t n, Out<T> o, Combine c, const std::uint32_t* gate,
+                                                bool vec, Unit unit, Value value) {
   static_assert(K % 4 == 0, "a unit is whole float4s");
   if (gate_closed(gate)) return;
   std::size_t tail = 0;
@@ -122,11 +174,12 @@ __device__ __forceinline__ void decode_elements(std::size_t n, float* __restrict
       float d[K];
       unit(u, d);
 #pragma unroll
-      for (int q = 0; q < K / 4; ++q) store4(out, K / 4 * u + q, d + 4 * q, c);
+      for (int q = 0; q < K / 4; ++q) store4(o, K / 4 * u + q, d + 4 * q, c);
     }
     tail = units * K;
   }
-  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads()) out[i] = combine(out[i], value(i), c);
+  for (std::size_t i = tail + global_thread(); i < n; i += grid_threads())
+    o.out[i] = from_float<T>(combine(addend(o, i, c), value(i), c));
 }
 
 /// Blocks for decode_elements<K>.

@@ -69,10 +69,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <class Fmt>
+template <class Fmt, class T>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const float* __restrict__ scales, const std::uint8_t* __restrict__ codes, std::size_t n,
-                  std::uint32_t block, float* __restrict__ out, Combine c, const std::uint32_t* gate, bool vec) {
+                  std::uint32_t block, Out<T> out, Combine c, const std::uint32_t* gate, bool vec) {
   decode_elements<4>(  // the codes start 4-byte aligned (after the scales), so 4 codes are one word
       n, out, c, gate, vec,
       [&](std::size_t u, float* d) {
@@ -103,11 +103,13 @@ void encode_launch(const G* g, float* r, std::size_t n, std::uint32_t block, flo
 }
 
 template <class Fmt>
-void decode_launch(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t block, float* out,
-                   Combine c, const std::uint32_t* gate, Stream stream) {
+void decode_launch(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t block,
+                   const DecodeOut& out, Combine c, const std::uint32_t* gate, Stream stream) {
   const bool vec = aligned16(out) && (reinterpret_cast<std::uintptr_t>(codes) & 3u) == 0;
-  decode_kernel<Fmt><<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, codes, n, block, out, c, gate, vec);
-  GZ_LAUNCH_CHECK(decode_kernel);
+  with_out(out, [&](auto o) {
+    decode_kernel<Fmt><<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, codes, n, block, o, c, gate, vec);
+    GZ_LAUNCH_CHECK(decode_kernel);
+  });
 }
 
 }  // namespace
@@ -127,7 +129,7 @@ void fp8_encode(const G* g, float* r, std::size_t n, std::uint32_t exp_bits, std
 }
 
 void fp8_decode(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
-                std::uint32_t block, float* out, Combine c, const std::uint32_t* gate, Stream stream) {
+                std::uint32_t block, const DecodeOut& out, Combine c, const std::uint32_t* gate, Stream stream) {
   GZ_ENFORCE((exp_bits == 4 || exp_bits == 5) && block >= 1, "fp8: exponent bits ", exp_bits, ", block ", block);
   if (n == 0) return;
   if (exp_bits == 4)

@@ -163,7 +163,7 @@ template <class G>
 void fp8_encode(const G* g, float* r, std::size_t n, std::uint32_t exp_bits, std::uint32_t block, float* scales,
                 std::uint8_t* codes, const Blob32& head, Stream stream);
 void fp8_decode(const float* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t exp_bits,
-                std::uint32_t block, float* out, Combine c, const std::uint32_t* gate, Stream stream);
+                std::uint32_t block, const DecodeOut& out, Combine c, const std::uint32_t* gate, Stream stream);
 }  // namespace cuda
 
 }  // namespace gz::kernels

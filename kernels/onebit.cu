@@ -143,10 +143,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Decode: 4 consecutive elements per thread (one float4 of out, 4 bits of a word).
+// Decode: 4 consecutive elements per thread (four of out, 4 bits of a word).
+template <class T>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const OnebitScales* __restrict__ scales, const std::uint32_t* __restrict__ bits, std::size_t n,
-                  std::uint32_t block, float* __restrict__ out, Combine c, const std::uint32_t* gate, bool vec) {
+                  std::uint32_t block, Out<T> out, Combine c, const std::uint32_t* gate, bool vec) {
   decode_elements<4>(
       n, out, c, gate, vec,
       [&](std::size_t u, float* d) {
@@ -200,12 +201,14 @@ void onebit_encode(const G* g, float* r, std::size_t n, std::uint32_t block, One
 }
 
 void onebit_decode(const OnebitScales* scales, const std::uint32_t* bits, std::size_t n, std::uint32_t block,
-                   float* out, Combine c, const std::uint32_t* gate, Stream stream) {
+                   const DecodeOut& out, Combine c, const std::uint32_t* gate, Stream stream) {
   GZ_ENFORCE(block >= 1, "onebit block size must be >= 1");
   if (n == 0) return;
   const bool vec = aligned16(out);
-  decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, bits, n, block, out, c, gate, vec);
-  GZ_LAUNCH_CHECK(decode_kernel);
+  with_out(out, [&](auto o) {
+    decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, bits, n, block, o, c, gate, vec);
+    GZ_LAUNCH_CHECK(decode_kernel);
+  });
 }
 
 #define GZ_INSTANTIATE(G)                       \

@@ -165,10 +165,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Decode: 4 consecutive elements per thread (one float4 of out).
+// Decode: 4 consecutive elements per thread (four of out).
+template <class T>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const QsgdScale* __restrict__ scales, const std::uint32_t* __restrict__ words, std::size_t n,
-                  std::uint32_t bits, std::uint32_t bucket, float* __restrict__ out, Combine c,
+                  std::uint32_t bits, std::uint32_t bucket, Out<T> out, Combine c,
                   const std::uint32_t* gate, bool vec) {
   decode_elements<4>(
       n, out, c, gate, vec,
@@ -224,13 +225,14 @@ void qsgd_encode(const G* g, float* r, std::size_t n, std::uint32_t bits, std::u
 }
 
 void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,
-                 std::uint32_t bucket, float* out, Combine c, const std::uint32_t* gate, Stream stream) {
+                 std::uint32_t bucket, const DecodeOut& out, Combine c, const std::uint32_t* gate, Stream stream) {
   GZ_ENFORCE(bits >= kQsgdMinBits && bits <= kQsgdMaxBits && bucket >= 1, "qsgd: bits ", bits, ", bucket ", bucket);
   if (n == 0) return;
   const bool vec = aligned16(out);
-  decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, words, n, bits, bucket, out, c,
-                                                                        gate, vec);
-  GZ_LAUNCH_CHECK(decode_kernel);
+  with_out(out, [&](auto o) {
+    decode_kernel<<<decode_grid<4>(n, vec), kThreads, 0, stream>>>(scales, words, n, bits, bucket, o, c, gate, vec);
+    GZ_LAUNCH_CHECK(decode_kernel);
+  });
 }
 
 #define GZ_INSTANTIATE(G)                       \

@@ -147,7 +147,7 @@ void qsgd_encode(const G* g, float* r, std::size_t n, std::uint32_t bits, std::u
                  const QsgdRounding& rounding, QsgdScale* scales, std::uint32_t* words, const Blob32& head,
                  Stream stream);
 void qsgd_decode(const QsgdScale* scales, const std::uint32_t* words, std::size_t n, std::uint32_t bits,
-                 std::uint32_t bucket, float* out, Combine c, const std::uint32_t* gate, Stream stream);
+                 std::uint32_t bucket, const DecodeOut& out, Combine c, const std::uint32_t* gate, Stream stream);
 }  // namespace cuda
 
 }  // namespace gz::kernels

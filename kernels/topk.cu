@@ -544,6 +544,68 @@ __global__ void __launch_bounds__(kThreads)
   for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = c.accumulate ? out[i] * c.scale : zero;
 }
 
+// ---- a 16-bit output (DecodeOut): the float rule of the kernels above, each
+// element rounded once; one dense pass over out, the others over the entries.
+
+// Overwrite: every element the scaled zero; the named ones are written next.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    fill16_kernel(T* __restrict__ out, std::size_t n, Combine c, const std::uint32_t* gate) {
+  if (gate_closed(gate)) return;
+  const T zero = from_float<T>(c.scaled() ? 0.0f * c.scale : 0.0f);
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = zero;
+}
+
+// Overwrite: the named elements, after fill16_kernel.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    put16_kernel(const unsigned* __restrict__ idx, const float* __restrict__ val, std::size_t k, T* __restrict__ out,
+                 Combine c, const std::uint32_t* gate) {
+  if (gate_closed(gate)) return;
+  for (std::size_t j = global_thread(); j < k; j += grid_threads()) out[idx[j]] = from_float<T>(combine(0.0f, val[j], c));
+}
+
+// A sum's last payload: out = round(partial, scaled), the entries added into
+// the float partial first (scatter_kernel, unscaled).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    round16_kernel(const float* __restrict__ partial, std::size_t n, T* __restrict__ out, Combine c,
+                   const std::uint32_t* gate) {
+  if (gate_closed(gate)) return;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    out[i] = from_float<T>(c.scaled() ? partial[i] * c.scale : partial[i]);
+}
+
+// A single accumulate: the named elements' sums, from out before it changes,
+// into sums[j] (scaled with the rest by the next passes' rule).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    gather16_kernel(const unsigned* __restrict__ idx, const float* __restrict__ val, std::size_t k,
+                    const T* __restrict__ out, float* __restrict__ sums, const std::uint32_t* gate) {
+  if (gate_closed(gate)) return;
+  for (std::size_t j = global_thread(); j < k; j += grid_threads()) sums[j] = to_float(out[idx[j]]) + val[j];
+}
+
+// A single accumulate: every element rounded again (scaled when c says), then
+// the named ones from their sums.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    rescale16_kernel(T* __restrict__ out, std::size_t n, Combine c, const std::uint32_t* gate) {
+  if (gate_closed(gate)) return;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    const float v = to_float(out[i]);
+    out[i] = from_float<T>(c.scaled() ? v * c.scale : v);
+  }
+}
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    scatter16_kernel(const unsigned* __restrict__ idx, const float* __restrict__ sums, std::size_t k,
+                     T* __restrict__ out, Combine c, const std::uint32_t* gate) {
+  if (gate_closed(gate)) return;
+  for (std::size_t j = global_thread(); j < k; j += grid_threads())
+    out[idx[j]] = from_float<T>(c.scaled() ? sums[j] * c.scale : sums[j]);
+}
+
 template <bool kEf, class G>
 void launch_select(const Layout& l, const G* g, float* r, std::size_t n, std::size_t k, bool sampled,
                    std::uint32_t* body, const Blob32& head, Stream stream) {
@@ -632,9 +694,10 @@ void topk_encode(void* ws, std::size_t& ws_bytes, const G* g, float* r, std::siz
 GZ_FOR_EACH_GRAD(GZ_INSTANTIATE)
 #undef GZ_INSTANTIATE
 
-void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, float* out, Combine c,
-                 const std::uint32_t* gate, Stream stream) {
-  if (n == 0) return;
+namespace {
+
+void decode_float(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, float* out, Combine c,
+                  const std::uint32_t* gate, Stream stream) {
   if (!c.accumulate) {
     fill_or_scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, c, gate);
     GZ_LAUNCH_CHECK(fill_or_scale_kernel);
@@ -647,6 +710,54 @@ void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std:
     fill_or_scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, c, gate);
     GZ_LAUNCH_CHECK(fill_or_scale_kernel);
   }
+}
+
+// The CPU's bits (a float tile rounded once, compressors/codec.cc), including
+// the unnamed elements, which the tile widens and rounds again (a NaN quieted).
+template <class T>
+void decode_16(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, const DecodeOut& o, Combine c,
+               const std::uint32_t* gate, Stream stream) {
+  T* out = static_cast<T*>(o.out);
+  const unsigned kgrid = grid_for(k), ngrid = grid_for(n);
+  if (!c.accumulate) {
+    fill16_kernel<<<ngrid, kThreads, 0, stream>>>(out, n, c, gate);
+    GZ_LAUNCH_CHECK(fill16_kernel);
+    if (k == 0) return;
+    put16_kernel<<<kgrid, kThreads, 0, stream>>>(idx, val, k, out, c, gate);
+    GZ_LAUNCH_CHECK(put16_kernel);
+  } else if (o.partial) {
+    if (k > 0) {
+      scatter_kernel<<<kgrid, kThreads, 0, stream>>>(idx, val, k, o.partial, Combine{true, 1.0f}, gate);
+      GZ_LAUNCH_CHECK(scatter_kernel);
+    }
+    round16_kernel<<<ngrid, kThreads, 0, stream>>>(o.partial, n, out, c, gate);
+    GZ_LAUNCH_CHECK(round16_kernel);
+  } else {
+    GZ_ENFORCE(k == 0 || o.scratch, "topk: a 16-bit accumulate needs DecodeOut::scratch");
+    if (k > 0) {
+      gather16_kernel<<<kgrid, kThreads, 0, stream>>>(idx, val, k, out, o.scratch, gate);
+      GZ_LAUNCH_CHECK(gather16_kernel);
+    }
+    rescale16_kernel<<<ngrid, kThreads, 0, stream>>>(out, n, c, gate);
+    GZ_LAUNCH_CHECK(rescale16_kernel);
+    if (k > 0) {
+      scatter16_kernel<<<kgrid, kThreads, 0, stream>>>(idx, o.scratch, k, out, c, gate);
+      GZ_LAUNCH_CHECK(scatter16_kernel);
+    }
+  }
+}
+
+}  // namespace
+
+void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, const DecodeOut& out,
+                 Combine c, const std::uint32_t* gate, Stream stream) {
+  if (n == 0) return;
+  switch (out.dtype) {
+    case Dtype::Float16: return decode_16<Half>(idx, val, k, n, out, c, gate, stream);
+    case Dtype::BFloat16: return decode_16<BFloat16>(idx, val, k, n, out, c, gate, stream);
+    case Dtype::Float32: break;
+  }
+  decode_float(idx, val, k, n, static_cast<float*>(out.out), c, gate, stream);
 }
 
 }  // namespace gz::kernels::cuda

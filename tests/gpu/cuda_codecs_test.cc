@@ -405,20 +405,36 @@ TEST_F(CudaCodec, SixteenBitGradientsMatchTheCpu) {
             ASSERT_EQ(want[i], got[i]) << what << " i=" << i;
           }
         };
-        for (const Combine mode : {Combine{true, 1.0f}, Combine{false, 1.0f}, Combine{true, 0.25f}}) {
+        for (const Combine mode :
+             {Combine{true, 1.0f}, Combine{false, 1.0f}, Combine{true, 0.25f}, Combine{false, 0.5f}}) {
           std::vector<std::uint16_t> want = out0;
           cpu->decode(p_cpu.data(), p_cpu.size(), want.data(), dtype, n, mode, host);
           dout.upload(out0);
           gpu->decode(payload.get(), bytes, dout.get(), dtype, n, mode, ctx);
           same16(want, dout.download(), "decode");
         }
-        std::vector<std::uint16_t> want = out0;
-        const PayloadRef host_refs[2] = {{p_cpu.data(), p_cpu.size()}, {p_cpu.data(), p_cpu.size()}};
-        cpu->decode_sum(host_refs, want.data(), dtype, n, 0.5f, host);
-        dout.upload(out0);
-        const PayloadRef dev_refs[2] = {{payload.get(), bytes}, {payload.get(), bytes}};
-        gpu->decode_sum(dev_refs, dout.get(), dtype, n, 0.5f, ctx);
-        same16(want, dout.download(), "decode_sum");
+        // An output 2 bytes off 16-byte alignment takes the scalar path, same bits.
+        {
+          std::vector<std::uint16_t> shifted(n + 1, 0);
+          std::copy(out0.begin(), out0.end(), shifted.begin() + 1);
+          DeviceBuffer<std::uint16_t> dshifted(shifted);
+          std::vector<std::uint16_t> want = out0;
+          cpu->decode(p_cpu.data(), p_cpu.size(), want.data(), dtype, n, Combine{true, 0.25f}, host);
+          gpu->decode(payload.get(), bytes, dshifted.get() + 1, dtype, n, Combine{true, 0.25f}, ctx);
+          const std::vector<std::uint16_t> got = dshifted.download();
+          same16(want, std::vector<std::uint16_t>(got.begin() + 1, got.end()), "decode, unaligned out");
+        }
+        // Sums of 1, 2 and 3 payloads: the last one adds the float partial sum
+        // of the others and rounds once.
+        for (const std::size_t m : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+          std::vector<std::uint16_t> want = out0;
+          const std::vector<PayloadRef> host_refs(m, PayloadRef{p_cpu.data(), p_cpu.size()});
+          cpu->decode_sum(host_refs, want.data(), dtype, n, 0.5f, host);
+          dout.upload(out0);
+          const std::vector<PayloadRef> dev_refs(m, PayloadRef{payload.get(), bytes});
+          gpu->decode_sum(dev_refs, dout.get(), dtype, n, 0.5f, ctx);
+          same16(want, dout.download(), ("decode_sum of " + std::to_string(m)).c_str());
+        }
         GZ_CUDA_CHECK(cudaStreamDestroy(stream));
       }
     }

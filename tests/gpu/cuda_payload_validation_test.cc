@@ -163,6 +163,27 @@ TEST_P(CudaPayloadValidation, RejectedLikeTheCpuAndOutUnchanged) {
       EXPECT_EQ(sum_msg, cpu_msg);
       const auto after_sum = out.download();
       ASSERT_EQ(test::first_float_mismatch(after_sum.data(), out0.data(), n + 1), -1) << "decode_sum modified out";
+
+      // A bfloat16 out, which the decodes write in the same pass: the same
+      // verdict, alone and in the sum, and out unchanged.
+      std::vector<std::uint16_t> out16_0(n);
+      for (std::size_t i = 0; i < n; ++i) out16_0[i] = kernels::bf16_from_float_rne(out0[i]);
+      DeviceBuffer<std::uint16_t> out16(out16_0);
+      DeviceBuffer<std::byte> ws16(codec->workspace_bytes(n, Device::Cuda, Dtype::BFloat16));
+      const ExecContext ctx16{Device::Cuda, stream, ws16.get(), ws16.size()};
+      for (const bool in_sum : {false, true}) {
+        std::string msg16;
+        try {
+          if (in_sum)
+            codec->decode_sum(refs, out16.get(), Dtype::BFloat16, n, 0.5f, ctx16);
+          else
+            codec->decode_accumulate(payload.get(), bytes, out16.get(), Dtype::BFloat16, n, ctx16);
+        } catch (const PayloadError& e) {
+          msg16 = bare(e.what());
+        }
+        EXPECT_EQ(msg16, cpu_msg) << (in_sum ? "bfloat16 decode_sum" : "bfloat16 decode");
+        ASSERT_EQ(out16.download(), out16_0) << (in_sum ? "bfloat16 decode_sum" : "bfloat16 decode") << " modified out";
+      }
     }
 
     // Status-word verdict: no throw unless the host alone can tell.
