@@ -491,7 +491,7 @@ run_check() {
     step ucx-2ranks 90 "2 ranks share the GPU, device buffers over UCX = host bits" -- ucx_2ranks
     step nccl-1rank 60 "NCCL transport, 1 rank = host bits" -- nccl_1rank
     if [[ $PY_BUILD == ON ]]; then
-      step torch-cuda 200 "DDP hook, FSDP2, BlockMomentum on CUDA tensors" -- torch_checks
+      step torch-cuda 200 "DDP hook (fp32, bf16), FSDP2, BlockMomentum, CompressedAdamW, the backend (cuda:gradzip) on CUDA tensors" -- torch_checks
     else
       note_step torch-cuda FAIL "not run: $PYTHON has no Python.h, so gradzip._core could not be built"
     fi

@@ -18,8 +18,12 @@ so its checks run one rank):
                            optimizer keeps float32 parameters): same on both ranks
   cadamw_nccl_1rank        CompressedAdamW over a one-rank NCCL group (torch transport): compressed stage reached
   ddp_hook_bf16_ucx_2ranks a bfloat16 model through the DDP hook (onebit, qsgd): same on both ranks
-Not here: the process-group backend's compressed path on CUDA (`cuda:gradzip`), which
-runs over NCCL and so needs a GPU per rank (NCCL refuses two ranks on one device).
+  backend_ddp_1rank        DDP (no hook) on a "cpu:gradzip,cuda:gradzip" group, float32 and bfloat16
+                           models, one rank: exact (the backend compresses nothing alone), DDP = no DDP
+  backend_ddp_2gpus        the same on 2 ranks, a GPU each: compressed (qsgd 4-bit), same on both
+                           ranks, a compressed all_reduce of device tensors = the host path's bits.
+                           Skipped (not failed) on a machine with one GPU: the backend's CUDA path
+                           runs over NCCL, which refuses two ranks on one device.
 Exit status 0 when every check passed (a check that cannot run here, e.g. no
 GPU, counts as skipped and fails the run: this script is only run where a GPU is).
 """
@@ -32,7 +36,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -274,6 +278,83 @@ def ddp_hook_bf16_ucx(rank: int, world: int) -> Dict[str, Any]:
     return out
 
 
+def _backend_device(rank: int) -> torch.device:
+    """This rank's device in the backend checks: a GPU of its own (NCCL, which
+    the backend's CUDA path runs on, refuses two ranks on one GPU)."""
+    if DEVICE != "cuda":
+        return torch.device("cpu")
+    torch.cuda.set_device(rank)
+    return torch.device("cuda", rank)
+
+
+def _backend_ddp(rank: int, world: int) -> Dict[str, Any]:
+    """DDP with no hook on the gradzip backend's group ("cpu:gradzip,cuda:gradzip",
+    the whole change a user makes), a float32 and a bfloat16 model: finite, the
+    same on every rank; with one rank exact (the backend forwards every call,
+    so DDP equals training without it, bit for bit); with more, compressed by
+    the default policy (qsgd 4-bit), and a compressed all_reduce of device
+    tensors equal to the same call on host tensors (the host engine's bits)."""
+    import torch.distributed as dist
+
+    from gradzip.torch import backend
+
+    dev = _backend_device(rank)
+    out: Dict[str, Any] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).replace("torch.", "")
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        net = net.to(dev, dtype)
+        twin = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        twin.load_state_dict(net.state_dict())
+        twin = twin.to(dev, dtype)
+        ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
+        before = backend.compression_stats()
+        for model in (ddp, twin):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(4):
+                opt.zero_grad()
+                x = torch.Generator(device=dev).manual_seed(1000 * step + rank)
+                batch = torch.randn(32, 256, device=dev, generator=x).to(dtype)
+                model(batch).float().square().mean().backward()
+                opt.step()
+            if world > 1:
+                break  # the twin compares only where the backend is exact
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        after = backend.compression_stats()
+        flat = _flat(net)
+        out[f"{name}_finite"] = bool(torch.isfinite(flat).all())
+        out[f"{name}_same"] = _same_on_every_rank(flat)
+        compressed = after["compressed_calls"] - before["compressed_calls"]
+        if world == 1:
+            out[f"{name}_exact"] = compressed == 0 and torch.equal(flat, _flat(twin))
+        else:
+            out[f"{name}_compressed"] = compressed > 0
+        del ddp
+    if world > 1:
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(1 << 16, generator=g)
+        on_device, on_host = x.to(dev), x.clone()
+        dist.all_reduce(on_device)
+        dist.all_reduce(on_host)
+        out["device_equals_host"] = torch.equal(on_device.cpu(), on_host)
+    return out
+
+
+def backend_ddp_1rank(rank: int, world: int) -> Dict[str, Any]:
+    return _backend_ddp(rank, world)
+
+
+def backend_ddp_2gpus(rank: int, world: int) -> Dict[str, Any]:
+    return _backend_ddp(rank, world)
+
+
+# The gradzip backend's policy in its checks: the default codec, every tensor
+# of the check's small model compressed, one algorithm on both transports (so
+# that device and host bits can be compared).
+_BACKEND_ENV = {"GRADZIP_POLICY": "codec=qsgd:bits=4;min_elements=1000;algorithm=allgather"}
+
 CHECKS: Dict[str, tuple] = {
     "ddp_hook_ucx_2ranks": (ddp_hook_ucx, 2),
     "ddp_hook_nccl_1rank": (ddp_hook_nccl_1rank, 1),
@@ -282,13 +363,18 @@ CHECKS: Dict[str, tuple] = {
     "cadamw_ucx_2ranks": (cadamw_ucx, 2),
     "cadamw_nccl_1rank": (cadamw_nccl_1rank, 1),
     "ddp_hook_bf16_ucx_2ranks": (ddp_hook_bf16_ucx, 2),
+    # (fn, ranks, backend, environment, GPUs it needs)
+    "backend_ddp_1rank": (backend_ddp_1rank, 1, "cpu:gradzip,cuda:gradzip", _BACKEND_ENV, 1),
+    "backend_ddp_2gpus": (backend_ddp_2gpus, 2, "cpu:gradzip,cuda:gradzip", _BACKEND_ENV, 2),
 }
 
 
-def run_check(fn: Callable, world: int) -> Dict[str, Any]:
+def run_check(fn: Callable, world: int, backend: str = "gloo", env: Optional[Dict[str, str]] = None,
+              gpus: int = 0) -> Dict[str, Any]:
+    del gpus  # checked by the caller
     start = time.monotonic()
     try:
-        values = run_ranks(fn, world, timeout=150)
+        values = run_ranks(fn, world, timeout=150, backend=backend, env=env)
         flags = {k: all(bool(v[k]) for v in values) for k in values[0]}
         verdict = "PASS" if all(flags.values()) else "FAIL"
         detail = ", ".join(f"{k}={'ok' if ok else 'WRONG'}" for k, ok in flags.items())
@@ -320,18 +406,29 @@ def main(argv: List[str]) -> int:
         results = {name: {"verdict": "SKIP", "detail": "no CUDA device", "seconds": 0} for name in chosen}
     else:
         for name in chosen:
-            fn, world = CHECKS[name]
+            fn, world, *rest = CHECKS[name]
             if DEVICE == "cpu" and "nccl" in name:
                 results[name] = {"verdict": "SKIP", "detail": "NCCL needs a GPU", "seconds": 0}
                 continue
-            results[name] = run_check(fn, world)
+            gpus = rest[2] if len(rest) > 2 else 0
+            if DEVICE == "cuda" and gpus > torch.cuda.device_count():
+                results[name] = {"verdict": "SKIP", "seconds": 0,
+                                 "detail": f"needs {gpus} GPUs (NCCL: a GPU per rank), this machine has "
+                                           f"{torch.cuda.device_count()}"}
+                print(f"SKIP {name}: {results[name]['detail']}", flush=True)
+                continue
+            results[name] = run_check(fn, world, *rest)
             r = results[name]
             print(f"{r['verdict']} {name} ({r['seconds']} s): {r['detail']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    ok = ("PASS", "SKIP") if DEVICE == "cpu" else ("PASS",)
-    return 0 if all(r["verdict"] in ok for r in results.values()) else 1
+    # On the GPU a skip fails the run, except a check that needs more GPUs
+    # than the machine has (it says so in its detail).
+    def passed(r: Dict[str, Any]) -> bool:
+        return r["verdict"] == "PASS" or (r["verdict"] == "SKIP" and (DEVICE == "cpu" or "GPUs" in r["detail"]))
+
+    return 0 if all(passed(r) for r in results.values()) else 1
 
 
 if __name__ == "__main__":
