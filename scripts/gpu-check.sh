@@ -18,17 +18,21 @@
 # bounded in time and none stopping the others: GPU tests; compute-sanitizer
 # memcheck and racecheck on a bounded subset; GPU kernel benchmarks against
 # device copy; 2 ranks with device buffers over UCX and NCCL on 1 rank; the
-# Python DDP hook, FSDP2 and BlockMomentum on CUDA tensors; the 2-rank
-# emulated-link headline (1 and 10 Gbit/s) where network namespaces work,
-# else over loopback. The whole check is held under GZ_GPU_BUDGET_S (default
-# 510 s; --quick: 225 s, build + GPU tests + memcheck): a step that would
-# start past it is reported as not run. OUTDIR gets at most 8 files:
-# report.md (one page) and the raw logs/JSON. Exit status 0: every step passed.
+# Python DDP hook, FSDP2, BlockMomentum, CompressedAdamW and the backend on
+# CUDA tensors; time to accuracy (fp32 DDP against CompressedAdamW, 2 ranks
+# on the GPU) and the 2-rank headline, both on emulated 1 and 10 Gbit/s links
+# where network namespaces work, else over loopback. The whole check is held
+# under GZ_GPU_BUDGET_S (default 510 s, so that with the machine's start it
+# fits 10 minutes of device time; --quick: 225 s, build + GPU tests +
+# memcheck): a step that would start past it is reported as not run. OUTDIR
+# gets at most 8 files: report.md (one page) and the raw logs/JSON. Exit
+# status 0: every step passed.
 #
 # Environment: GZ_GPU_DIR (default .gpu), GZ_GPU_BUILD_DIR (default
 # build-gpu), GZ_GPU_BUDGET_S, GZ_JOBS (default nproc), GZ_GPU_SKIP (step
 # names to leave out, e.g. "kernel-bench headline" for a re-check of a
-# change that touches no kernel when little device time is left).
+# change that touches no kernel when little device time is left), GZ_TTA_ARGS
+# (the tta step's model and schedule).
 set -uo pipefail
 GZ_GPU_SKIP="${GZ_GPU_SKIP:-}"
 
@@ -63,7 +67,7 @@ QUICK_TARGETS=(gradzip-gpu-tests)
 
 log() { printf '\n==> %s\n' "$*"; }
 die() { echo "gpu-check: $*" >&2; exit 2; }
-usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # --- prepare (CPU machine) ----------------------------------------------------
 prepare() {
@@ -293,7 +297,7 @@ note_step() { echo "$1|$2|${4:-0}|$3" >>"$STEPS_FILE"; echo "--- $1: $2 ($3)" | 
 SAN_MEMCHECK='-CudaCodec.TopkIsDeterministic:CudaCodec.SampledTopkRespectsTheBound:CudaCodec.ErrorFeedbackInvariant:CudaCodec.TopkIsTheKLargestBySort:PayloadHeaderCheck.*'
 SAN_RACECHECK='Codecs/CudaCodecVsCpu.*topk*65537*:Codecs/CudaCodecVsCpu.*onebit_65537*:Codecs/CudaPayloadValidation.*topk*'
 
-gpu_tests() { "$BUILD/bin/gradzip-gpu-tests" --gtest_brief=1 --gtest_output="json:$OUT/gpu-tests.json"; }
+gpu_tests() { "$BUILD/bin/gradzip-gpu-tests" --gtest_brief=1 --gtest_output="json:$BUILD/gpu-tests.json"; }
 memcheck() {
   GZ_TEST_MAX_N=5000 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD/bin/gradzip-gpu-tests" --gtest_brief=1 --gtest_filter="$SAN_MEMCHECK"
@@ -333,6 +337,23 @@ headline() {  # $1: "--link" or "" (loopback); every codec, one JSON file
 rows = [dict(r, link=arg.split("=", 1)[0]) for arg in sys.argv[2:] for r in json.load(open(arg.split("=", 1)[1]))]
 json.dump(rows, open(sys.argv[1], "w"), indent=1)' "$OUT/headline.json" "${files[@]}"
   return $rc
+}
+
+# Time to accuracy (issue 33 item 4): 2 ranks share the GPU (a gloo group;
+# gloo's CUDA all-reduce for DDP, gradzip's staged exchange for the
+# optimizer), fp32 DDP against CompressedAdamW(codec="onebit") on the LM
+# experiment at 10.7M parameters (width 384, 6 layers), per link: the
+# exchange fraction, then each method's time to fp32's final loss.
+# GZ_TTA_ARGS replaces the model and schedule (the dry run's tiny one).
+TTA_ARGS_DEFAULT="--width 384 --layers 6 --heads 6 --steps 150 --batch 16 --eval-every 10 --exchange-steps 10"
+tta() {  # $1: "--link" (1 and 10 Gbit/s) or "" (gradzip-run without emulated links)
+  local links=(--link 1gbit --link 10gbit) plot=()
+  [[ -z "$1" ]] && links=(--link local)
+  "$PYTHON" -c 'import matplotlib' 2>/dev/null && plot=(--plot "$OUT/tta.png")
+  # shellcheck disable=SC2086  # the arguments' words, split on purpose
+  PYTHONPATH="$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}" GRADZIP_BIN_DIR="$BUILD/bin" "$PYTHON" -m gradzip.experiments.lm \
+    "${links[@]}" --ranks 2 --device "${TTA_DEVICE:-cuda}" --methods fp32,onebit@cm ${GZ_TTA_ARGS:-$TTA_ARGS_DEFAULT} \
+    --timeout 120 --json "$OUT/tta.json" --markdown "$BUILD/tta.md" "${plot[@]}"
 }
 
 # Why no emulated link can be made here ("" when one can).
@@ -384,9 +405,9 @@ report() {
     while IFS='|' read -r name verdict took note; do
       echo "| $name | **$verdict** | $took | $note |"
     done <"$STEPS_FILE"
-    if [[ -f "$OUT/gpu-tests.json" ]]; then
+    if [[ -f "$BUILD/gpu-tests.json" ]]; then
       echo
-      "$PYTHON" - "$OUT/gpu-tests.json" <<'EOF'
+      "$PYTHON" - "$BUILD/gpu-tests.json" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 fails = [f"{s['name']}.{t['name']}" for s in d.get("testsuites", []) for t in s.get("testsuite", [])
@@ -398,7 +419,7 @@ EOF
     fi
     local s
     for s in memcheck racecheck; do
-      [[ -f "$OUT/$s.log" ]] && echo && echo "$s: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$s.log" | tail -1)"
+      [[ -f "$BUILD/$s.log" ]] && echo && echo "$s: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$BUILD/$s.log" | tail -1)"
     done
     if [[ -f "$OUT/kernels-bench.json" ]]; then
       echo
@@ -430,8 +451,14 @@ for name, r in json.load(open(sys.argv[1])).items():
     print(f"- {name}: **{r['verdict']}** ({r['seconds']} s) {r['detail'][:300]}")
 EOF
     fi
+    if [[ -f "${BUILD:-}/tta.md" ]]; then
+      echo
+      echo "## Time to accuracy, 2 ranks on the GPU ($TTA_TEXT)"
+      echo
+      cat "$BUILD/tta.md"
+    fi
     echo
-    echo "Raw output: check.log (every step's output), the JSON files beside this report."
+    echo "Raw output: check.log (every step's output), sanitizers.log, the JSON files (and tta.png) beside this report."
   } >"$r"
   [[ $all == PASS ]]
 }
@@ -449,7 +476,8 @@ run_check() {
   mkdir -p "$BUILD"
   setup_env
   export OUT BUILD PYTHON GZ_ROOT SAN_MEMCHECK SAN_RACECHECK
-  export -f gpu_tests memcheck racecheck kernel_bench ucx_2ranks nccl_1rank torch_checks headline configure nccl_args
+  export TTA_ARGS_DEFAULT
+  export -f gpu_tests memcheck racecheck kernel_bench ucx_2ranks nccl_1rank torch_checks headline tta configure nccl_args
   if ((QUICK)); then BUDGET=${GZ_GPU_BUDGET_S:-225}; MODE_TEXT="--quick"; else BUDGET=${GZ_GPU_BUDGET_S:-510}; MODE_TEXT=full; fi
   command -v nvidia-smi >/dev/null && nvidia-smi -L | tee -a "$LOG"
   ARCH=native
@@ -476,16 +504,17 @@ run_check() {
   # The tests and the sanitizers share the GPU (nothing here is timed).
   step gpu-tests 150 "every GPU test (GPU = CPU bits)" -- gpu_tests &
   local p1=$!
-  ( LOG="$OUT/memcheck.log"; : >"$LOG"
+  ( LOG="$BUILD/memcheck.log"; : >"$LOG"
     step memcheck 150 "compute-sanitizer memcheck, n <= 5000, 5 slow tests left out" -- memcheck ) &
   local p2=$!
   local p3=""
   if ((!QUICK)); then
-    ( LOG="$OUT/racecheck.log"; : >"$LOG"
+    ( LOG="$BUILD/racecheck.log"; : >"$LOG"
       step racecheck 150 "compute-sanitizer racecheck, top-k and onebit at n = 65537" -- racecheck ) &
     p3=$!
   fi
   wait $p1 $p2 $p3
+  cat "$BUILD/memcheck.log" "$BUILD/racecheck.log" >"$OUT/sanitizers.log" 2>/dev/null
   if ((!QUICK)); then
     step kernel-bench 150 "codecs vs cudaMemcpy D2D, 1M/16M/64M; top-k vs torch.topk" -- kernel_bench
     step ucx-2ranks 90 "2 ranks share the GPU, device buffers over UCX = host bits" -- ucx_2ranks
@@ -497,10 +526,17 @@ run_check() {
     fi
     local why
     why="$(why_no_netns)"
+    # Time to accuracy before the headline: the headline's codec rows were
+    # measured on an H200 before; a tight window spends its end on them.
+    local tta_note="fp32 DDP vs CompressedAdamW(onebit), LM of 10.7M parameters"
     if [[ -z "$why" ]]; then
+      TTA_TEXT="emulated 1 and 10 Gbit/s links"
+      step tta 200 "$tta_note, $TTA_TEXT" -- tta --link
       LINK_TEXT="emulated links (network namespaces + tc), 1 and 10 Gbit/s"
       step headline 150 "$LINK_TEXT" -- headline --link
     else
+      TTA_TEXT="loopback, no emulated link ($why)"
+      step tta 120 "$tta_note, $TTA_TEXT" -- tta ""
       LINK_TEXT="loopback: no emulated link here ($why)"
       step headline 90 "$LINK_TEXT" -- headline ""
     fi
@@ -649,6 +685,23 @@ EOF
   done
   "$PYTHON" "$GZ_ROOT/tests/python/gpu_torch_check.py" --list >/dev/null || { echo "gpu_torch_check.py --list failed"; bad=1; }
   "$PYTHON" "$GZ_ROOT/bench/topk_torch.py" --help >/dev/null || { echo "bench/topk_torch.py --help failed"; bad=1; }
+  # The time-to-accuracy step as the GPU run calls it, on host tensors with a
+  # tiny model and without emulated links: its command, the package, the
+  # launcher, the JSON and the table.
+  log "gpu-check --dry-run: the time-to-accuracy step, tiny and on host tensors"
+  local tta_out
+  tta_out="$(mktemp -d)"
+  ln -s "$build/bin" "$tta_out/bin"  # the step runs $BUILD/bin/gradzip-run
+  if (BUILD="$tta_out" OUT="$tta_out" TTA_DEVICE=cpu \
+      GZ_TTA_ARGS="--width 16 --layers 1 --heads 2 --context 16 --steps 4 --batch 2 --eval-every 2 --exchange-steps 1" \
+      tta "" >"$tta_out/log" 2>&1) && [[ -s "$tta_out/tta.json" && -s "$tta_out/tta.md" ]]; then
+    echo "the tta step ran: $(grep -c '^| ' "$tta_out/tta.md") table rows"
+  else
+    tail -20 "$tta_out/log"
+    echo "the tta step failed on host tensors"
+    bad=1
+  fi
+  rm -rf "$tta_out"
   # The report from the steps' outputs, with what a CPU machine gives.
   if [[ -n "$out" ]]; then
     OUT="$out"; mkdir -p "$OUT"; LOG="$OUT/check.log"; STEPS_FILE="$OUT/.steps"; : >"$LOG"; : >"$STEPS_FILE"

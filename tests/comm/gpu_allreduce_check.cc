@@ -6,8 +6,9 @@
 // algorithm it runs a few steps with error feedback twice, on the host over UCX
 // and on the GPU over the transport named, with the same seeded inputs, and
 // compares the results bit for bit (NaN as NaN), which holds because the CUDA
-// codecs give the CPU's bits and both paths sum payloads in rank order; for
-// every algorithm (hierarchical with each rank a node of its own) and two
+// codecs give the CPU's bits and both paths sum payloads in the same order; for
+// every registered allreduce algorithm (hierarchical with each rank a node of
+// its own; the ring, which re-encodes partial sums at every hop) and two
 // segment sizes (the pipeline's slots in device memory for NCCL, in pinned
 // host memory for UCX).
 // Exit 0: identical; 1: a difference or an error; 77: no GPU (ctest: skipped).
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/engine/communicator.h"
 #include "comm/base/env.h"
 #include "comm/store/prefix_store.h"
@@ -81,12 +83,14 @@ int main(int argc, char** argv) {
     GZ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_buf), n * sizeof(float)));
     int failures = 0;
     for (const char* spec : {"none", "fp16", "bf16", "onebit", "onebit:block=100", "topk:density=0.01"}) {
-      for (gz::Algorithm algo : {gz::Algorithm::Allgather, gz::Algorithm::ScatterReduce, gz::Algorithm::Hierarchical})
+      for (const gz::AlgorithmDescriptor* algorithm : gz::all_algorithms())  // every registered allreduce
       for (std::size_t segment : {std::size_t{0}, std::size_t{65536}}) {  // default cut, and many segments
         auto host_codec = gz::make_codec(spec), dev_codec = gz::make_codec(spec);
         gz::ErrorFeedback host_state, dev_state;
         gz::AllreduceCall hc, dc;
         hc.op = dc.op = gz::ReduceOp::Average;
+        if (!algorithm->allreduce) continue;
+        const gz::Algorithm algo = algorithm->id;
         hc.algorithm = dc.algorithm = algo;
         hc.segment_bytes = dc.segment_bytes = segment;
         dc.device = gz::Device::Cuda;
