@@ -45,4 +45,10 @@ bool transport_available(std::string_view name) {
   return d && d->make;
 }
 
+std::string_view transport_for_torch_backend(std::string_view backend) {
+  for (const TransportDescriptor* d : all_transports())
+    if (!d->torch_backend.empty() && d->torch_backend == backend) return d->name;
+  return kDefaultTransport;
+}
+
 }  // namespace gz

@@ -49,6 +49,13 @@ struct TransportDescriptor {
   std::string_view name;          ///< "ucx"
   std::string_view build_option;  ///< the CMake option that builds it ("GRADZIP_UCX")
   std::string_view summary;       ///< one line for --help and docs
+  /// The torch.distributed backend whose groups it serves by default
+  /// (Python's Communicator.from_torch, the torch backend's CUDA path):
+  /// "nccl" for NCCL; empty for none.
+  std::string_view torch_backend;
+  /// It takes device (CUDA) buffers as they are (Python passes it the
+  /// current device); false: host memory, device buffers staged.
+  bool device_memory = false;
   /// Makes the transport (collective over setup.size ranks); null when this
   /// build does not have it.
   std::unique_ptr<Transport> (*make)(const TransportSetup& setup) = nullptr;
@@ -72,5 +79,8 @@ const TransportDescriptor& transport_descriptor(std::string_view name);
 bool transport_available(std::string_view name);
 /// The registered names, "ucx, nccl" (for messages and --help).
 std::string transport_names();
+/// The transport for a group of torch backend `backend` ("nccl", "gloo"):
+/// the one whose torch_backend it is, else kDefaultTransport.
+std::string_view transport_for_torch_backend(std::string_view backend);
 
 }  // namespace gz

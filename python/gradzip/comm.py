@@ -91,7 +91,8 @@ class Communicator:
         meeting through torch's default store. Collective: every rank of the
         group calls it, in the same order relative to other from_torch calls.
 
-        transport: ``"ucx"`` or ``"nccl"`` (gradzip's own; the default is nccl
+        transport: one of gradzip's own (:func:`gradzip.transport_names`; the
+        default is the one the registry names for the group's backend: nccl
         for an NCCL group, else ucx), or ``"torch"``: the group itself carries
         the bytes (gloo or NCCL point-to-point calls), driven by the same C++
         algorithms, with no second set of connections."""
@@ -104,7 +105,7 @@ class Communicator:
         if get_store is None:
             raise RuntimeError("this torch has no default store to meet through; use Communicator.from_env")
         if transport is None:
-            transport = "nccl" if dist.get_backend(process_group) == "nccl" else "ucx"
+            transport = _core.transport_for_torch_backend(str(dist.get_backend(process_group)))
         ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
         count = next(_torch_count)
         prefix = f"gradzip/{'.'.join(map(str, ranks))}/{count}"
@@ -114,7 +115,7 @@ class Communicator:
             driver = ProcessGroupTransport(process_group, tag=count)
             return cls(_core.Communicator.from_python(get_store(), driver, timeout, prefix))
         cuda_device = -1
-        if transport == "nccl":
+        if _core.transport_takes_device_memory(transport):
             import torch
 
             cuda_device = torch.cuda.current_device()

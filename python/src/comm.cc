@@ -484,6 +484,17 @@ void bind_comm(nb::module_& m) {
           return gz::transport_available(t);
         },
         nb::arg("transport"), "Whether this build has the transport (a name of comm/transports/registry.h).");
+  m.def("transport_for_torch_backend",
+        [](std::string_view backend) { return std::string(gz::transport_for_torch_backend(backend)); },
+        nb::arg("backend"),
+        "The transport for a torch process group of this backend (\"nccl\" -> \"nccl\"; else the default, \"ucx\").");
+  m.def("transport_takes_device_memory",
+        [](std::string_view t) {
+          const gz::TransportDescriptor* d = gz::find_transport(t);
+          if (!d) gz::transport_descriptor(t);  // unknown: InvalidArgument naming the valid ones
+          return d->device_memory;
+        },
+        nb::arg("transport"), "Whether the transport takes CUDA buffers as they are (it is given the current device).");
   m.def("transport_names", [] {
         std::vector<std::string> names;
         for (const gz::TransportDescriptor* d : gz::all_transports()) names.emplace_back(d->name);

@@ -27,6 +27,22 @@ TEST(TransportRegistry, EveryDescriptorIsCompleteAndNamedOnce) {
   EXPECT_NE(find_transport(kDefaultTransport), nullptr);
 }
 
+// A torch process group's backend picks its transport from the registry: at
+// most one transport per torch backend; without one, the default.
+TEST(TransportRegistry, TorchBackendsMapToOneTransportEach) {
+  std::set<std::string> backends;
+  for (const TransportDescriptor* d : all_transports()) {
+    if (d->torch_backend.empty()) continue;
+    EXPECT_TRUE(backends.insert(std::string(d->torch_backend)).second) << d->torch_backend << " claimed twice";
+    EXPECT_EQ(transport_for_torch_backend(d->torch_backend), d->name);
+  }
+  EXPECT_EQ(transport_for_torch_backend("nccl"), "nccl");
+  EXPECT_EQ(transport_for_torch_backend("gloo"), kDefaultTransport);
+  EXPECT_EQ(transport_for_torch_backend(""), kDefaultTransport);
+  EXPECT_TRUE(find_transport("nccl")->device_memory);
+  EXPECT_FALSE(find_transport(kDefaultTransport)->device_memory);
+}
+
 TEST(TransportRegistry, AnUnknownNameIsRefusedNamingTheValidOnes) {
   EXPECT_EQ(find_transport("tcp"), nullptr);
   EXPECT_FALSE(transport_available("tcp"));

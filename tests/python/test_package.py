@@ -74,3 +74,9 @@ def test_transports_come_from_the_registry():
         gradzip.transport_available("tcp")
     with pytest.raises(gradzip.InvalidArgument, match="unknown transport 'tcp'"):
         gradzip.Communicator.from_env("tcp")
+    # Communicator.from_torch's default for a group: the transport the registry names for its backend.
+    assert gradzip._core.transport_for_torch_backend("nccl") == "nccl"
+    assert gradzip._core.transport_for_torch_backend("gloo") == "ucx"
+    assert gradzip._core.transport_takes_device_memory("nccl") and not gradzip._core.transport_takes_device_memory("ucx")
+    with pytest.raises(gradzip.InvalidArgument, match="unknown transport 'tcp'"):
+        gradzip._core.transport_takes_device_memory("tcp")

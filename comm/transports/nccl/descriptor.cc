@@ -22,7 +22,7 @@ std::unique_ptr<Transport> make(const TransportSetup& s) {
 }  // namespace
 
 const TransportDescriptor nccl{
-    "nccl", "GRADZIP_NCCL", "NCCL point-to-point on CUDA buffers, one GPU per rank",
+    "nccl", "GRADZIP_NCCL", "NCCL point-to-point on CUDA buffers, one GPU per rank", "nccl", true,
 #if GZ_HAVE_NCCL
     make,
 #else

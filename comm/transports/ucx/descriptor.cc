@@ -19,7 +19,7 @@ std::unique_ptr<Transport> make(const TransportSetup& s) {
 }  // namespace
 
 const TransportDescriptor ucx{
-    "ucx", "GRADZIP_UCX", "UCX point-to-point: host memory, CUDA buffers staged through pinned memory",
+    "ucx", "GRADZIP_UCX", "UCX point-to-point: host memory, CUDA buffers staged through pinned memory", "", false,
 #if GZ_HAVE_UCX
     make,
 #else

@@ -418,8 +418,9 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         if not t.is_contiguous() or t.device.type not in ("cpu", "cuda"):
             return None
         codec = self.policy.codec_for(t)
-        if codec is not None and t.is_cuda and not _core.BUILD.get("nccl"):
-            _warn_once("gradzip backend: this build has no NCCL transport; CUDA all_reduces stay exact (NCCL)")
+        if codec is not None and t.is_cuda and not _core.transport_available(_core.transport_for_torch_backend("nccl")):
+            _warn_once(f"gradzip backend: this build has no {_core.transport_for_torch_backend('nccl')} transport; "
+                       "CUDA all_reduces stay exact (NCCL)")
             return None
         return codec
 
@@ -510,7 +511,7 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         # CPU: the engine's exchanges are this group's gloo point-to-point
         # calls (tagged). CUDA: gradzip's own NCCL communicator, so that the
         # group's NCCL communicator only sees torch's calls in program order.
-        transport = "torch" if kind == "cpu" else "nccl"
+        transport = "torch" if kind == "cpu" else _core.transport_for_torch_backend("nccl")
         return gradzip.Communicator.from_torch(self, transport=transport, timeout=self._timeout_s)
 
     def _drain(self) -> None:
