@@ -253,15 +253,17 @@ Prediction ring_predict(const CostInputs& in) {
   const bool remote = in.per_node < P;  // some hop crosses a link
   const CostGroup hop{2, remote ? 0 : 1, 1};
   // A step's segments go to one peer, two in flight: the step waits for one
-  // exchange's latency, and its transfers follow one another behind it.
-  const double lat = remote ? in.link.latency_s : 0.0;
+  // exchange's latency, and its transfers follow one another behind it. The
+  // measured latency is an exchange with every peer (a barrier: 15 us at 2
+  // ranks, 460 us at 8 on 2 cores); a hop has one peer, 1/(P-1) of it.
+  const double lat = remote ? in.link.latency_s / (P - 1) : 0.0;
   // reduce: encode a partial sum, decode one payload into the next
   const double e1 = in.raw ? 0.0 : m * in.codec.encode_s;
   const double d1 = (in.raw ? sum_seconds(in, m, 1) : decode_seconds(in.codec, m, 1)) + transport_cpu_seconds(in, hop, m * c);
-  const double w1 = exchange_seconds(in, hop, m * c) - lat;
+  const double w1 = exchange_seconds(in, hop, m * c) - (remote ? in.link.latency_s : 0.0);  // its bytes' time
   // gather: forward one payload, decode it
   const double d2 = (in.raw ? 0.0 : decode_seconds(in.server, m, 1)) + transport_cpu_seconds(in, hop, m * s);
-  const double w2 = exchange_seconds(in, hop, m * s) - lat;
+  const double w2 = exchange_seconds(in, hop, m * s) - (remote ? in.link.latency_s : 0.0);
   const double steps = P - 1;
   p.segments = S;
   p.total_s = steps * (pipeline_seconds(S, e1 * in.compute_share, d1 * in.compute_share, w1) +

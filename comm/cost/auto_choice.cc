@@ -47,6 +47,22 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// Seconds of a fixed loop that touches no memory (xorshift in registers):
+// what a share of one core costs, apart from the memory bus.
+double spin_seconds() {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Seeded from the clock: a loop the compiler cannot run ahead of time.
+  std::uint64_t x = 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(t0.time_since_epoch().count());
+  for (int i = 0; i < (1 << 24); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // x feeds the result (never 0 in practice), so the loop is not dropped.
+  return x == 0 ? took + 1e-9 : took;
+}
+
 }  // namespace
 
 std::vector<Algorithm> auto_candidates(const CodecConfig& codec, const Topology& topology) {
@@ -82,9 +98,10 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   const int per_node = topo.uniform_size();
   if (hosts_known_) return;
   store.set("costmodel/host/" + std::to_string(rank),
-            boot_id() + "\t" + std::to_string(cpu_count()) + "\t" + (rank == 0 ? link_text_ : ""));
+            boot_id() + "\t" + std::to_string(cpu_count()) + "\t" + (rank == 0 ? link_text_ : "") + "\t" +
+                (rank == 0 ? env_value("GRADZIP_LINK_BURST").value_or("0") : ""));
   std::map<std::string, std::pair<int, int>> hosts;  // boot id: ranks, cpus
-  std::string link;
+  std::string link, burst;
   for (int r = 0; r < size; ++r) {
     const auto f = split(store.get("costmodel/host/" + std::to_string(r), timeout), '\t');
     GZ_ENFORCE(f.size() >= 2, "rank ", r, " published a malformed machine record for the cost model");
@@ -92,6 +109,7 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
     h.first += 1;
     h.second = std::max(1, std::atoi(f[1].c_str()));
     if (r == 0 && f.size() >= 3) link = f[2];
+    if (r == 0 && f.size() >= 4) burst = f[3];
   }
   compute_share_ = 1;
   for (const auto& [id, h] : hosts)
@@ -101,6 +119,11 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   if (link.empty()) return;
   try {
     link_ = parse_link_model(link);  // rank 0's text: the same result on every rank
+    // The link's token bucket (gradzip-run's tc tbf), rank 0's bytes.
+    const double b = burst.empty() ? 0.0 : std::strtod(burst.c_str(), nullptr);
+    GZ_ENFORCE(std::isfinite(b) && b >= 0 && b <= 1 << 30, "GRADZIP_LINK_BURST '", burst,
+               "' is not a byte count in [0, 2^30]");
+    link_.burst_bytes = b;
     enabled_ = true;
   } catch (const InvalidArgument& e) {
     if (rank == 0)
@@ -128,69 +151,65 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   GZ_ENFORCE(std::isfinite(latency) && latency >= 0 && latency < 10, "rank 0 published a malformed latency '", v, "'");
   link_.latency_s = std::max(link_.latency_s, latency);
 
-  // What the transport moves: every rank sends 1 MiB (about a pipeline
-  // segment's payload) to every peer at once, as an exchange of the
-  // algorithms does; rank 0's median time, less the latency and the link's
-  // time for those bytes (topology and shared node links included), is the
-  // transport's own cost per byte (TCP's kernel work on the emulated
-  // cluster's 10 Gbit/s links: far above the link's time).
+  // What the transport moves: every rank sends to every peer at once, as an
+  // exchange of the algorithms does, at two sizes past the link's bucket
+  // (so that its burst and the latency cancel); rank 0's median times give
+  // the cost per byte, and what it takes beyond the link's time per byte
+  // (topology and shared node links included) is the transport's own (TCP's
+  // kernel work on the emulated cluster's 10 Gbit/s links: far above the
+  // link's time). One size under the bucket read as no cost at all.
   {
-    constexpr std::size_t kBytes = std::size_t{1} << 20;
     const auto peers = static_cast<std::size_t>(size - 1);
-    std::vector<std::byte> out(kBytes, std::byte{1}), in(kBytes * peers);
+    const std::size_t small = static_cast<std::size_t>(link_.burst_bytes) + (std::size_t{1} << 20);
+    const std::size_t large = small + (std::size_t{3} << 20);
+    std::vector<std::byte> out(large, std::byte{1}), in(large * peers);
     std::vector<std::size_t> got(peers);
-    std::vector<SendOp> sends;
-    std::vector<RecvOp> recvs;
-    for (int r = 0, i = 0; r < size; ++r)
-      if (r != rank) {
-        sends.push_back({r, ConstSlice{out.data(), kBytes}});
-        recvs.push_back({r, Slice{in.data() + static_cast<std::size_t>(i) * kBytes, kBytes}, &got[static_cast<std::size_t>(i)]});
-        ++i;
+    // Rank 0's median of 3 timed exchanges of `bytes` to every peer in
+    // `local_only`'s scope (after one untimed), shared as `key`.
+    auto timed = [&](std::size_t bytes, bool local_only, const std::string& key) {
+      std::vector<SendOp> sends;
+      std::vector<RecvOp> recvs;
+      const int node = topo.node[static_cast<std::size_t>(rank)];
+      for (int r = 0, i = 0; r < size; ++r) {
+        if (r == rank) continue;
+        const auto slot = static_cast<std::size_t>(i++);
+        if (local_only && topo.node[static_cast<std::size_t>(r)] != node) continue;
+        sends.push_back({r, ConstSlice{out.data(), bytes}});
+        recvs.push_back({r, Slice{in.data() + slot * large, bytes}, &got[slot]});
       }
-    // Rank 0's median of 3 timed exchanges (after 2 untimed), shared as `key`.
-    auto timed = [&](const std::vector<SendOp>& ss, const std::vector<RecvOp>& rs, const std::string& key) {
       std::vector<double> ts;
-      for (int i = 0; i < 5; ++i) {
+      for (int i = 0; i < 4; ++i) {
         transport->barrier(ctx);
         const auto t0 = std::chrono::steady_clock::now();
-        transport->wait(transport->start(ss, rs, ctx));
-        if (i >= 2) ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        transport->wait(transport->start(sends, recvs, ctx));
+        if (i >= 1) ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
       std::sort(ts.begin(), ts.end());
       std::snprintf(b, sizeof b, "%.9g", ts[ts.size() / 2]);
       if (rank == 0) store.set(key, b);
       return std::strtod(store.get(key, timeout).c_str(), nullptr);
     };
-    const double took = timed(sends, recvs, "costmodel/exchange");
+    const double t_small = timed(small, false, "costmodel/exchange/small");
+    const double t_large = timed(large, false, "costmodel/exchange/large");
     if (per_node >= 2) {  // the node's own path: the same with the node's other ranks only
-      std::vector<SendOp> local_sends;
-      std::vector<RecvOp> local_recvs;
-      const int node = topo.node[static_cast<std::size_t>(rank)];
-      for (std::size_t i = 0; i < sends.size(); ++i)
-        if (topo.node[static_cast<std::size_t>(sends[i].peer)] == node) {
-          local_sends.push_back(sends[i]);
-          local_recvs.push_back(recvs[i]);
-        }
-      const double local = timed(local_sends, local_recvs, "costmodel/local_exchange");
+      const double local = timed(large, true, "costmodel/local_exchange");
       if (std::isfinite(local) && local > 0)
-        link_.local_bytes_per_s = static_cast<double>(per_node - 1) * static_cast<double>(kBytes) / local;
+        link_.local_bytes_per_s = static_cast<double>(per_node - 1) * static_cast<double>(large) / local;
     }
-    CostInputs probe;
-    probe.link = link_;
-    probe.machine.copy_bytes_per_s = 1e30;
-    probe.link.local_bytes_per_s = 1e30;  // the local part: shared memory, not the transport's cost
-    const int L = std::max(1, per_node);
-    const double link_s = exchange_seconds(probe, size, L - 1, L, static_cast<double>(kBytes));
-    const int remote = size - L;
-    if (std::isfinite(took) && remote > 0)
-      link_.transport_s_per_byte = std::max(0.0, took - link_s) / (static_cast<double>(remote) * kBytes);
+    // Seconds per byte sent to other nodes: the link's pace or the
+    // transport's, whichever was slower (exchange_seconds takes the longer).
+    const int remote = size - std::max(1, per_node);
+    const double extra = static_cast<double>(large - small);
+    if (std::isfinite(t_large - t_small) && remote > 0)
+      link_.transport_s_per_byte = std::max(0.0, t_large - t_small) / (static_cast<double>(remote) * extra);
   }
 
-  // How much slower than one quiet core this machine runs each rank now: all
-  // ranks copy the same bytes at once (the cores and the memory bus shared
-  // with the other ranks and whatever else runs), against rank 0's cached
-  // copy rate of one core. The slowest rank's ratio scales every rank's codec
-  // work (compute_share), in place of the count of ranks per core.
+  // How much slower than one quiet core each rank copies memory now: all
+  // ranks copy the same bytes at once (the memory bus shared with the other
+  // ranks and whatever else runs), against rank 0's cached copy rate of one
+  // core. The slowest rank's ratio is the memory-traffic part of the limit
+  // (memory_share); it overstates the codecs' slowdown, which are not
+  // memcpy (2 ranks on 2 idle cores: 1.6x here, the codecs 1.0x).
   std::vector<char> from(std::size_t{64} << 20, 1), to(from.size());
   transport->barrier(ctx);
   const auto t0 = std::chrono::steady_clock::now();
@@ -208,7 +227,27 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   for (int r = 0; r < size; ++r)
     slowest = std::max(slowest, std::strtod(store.get("costmodel/copy/" + std::to_string(r), timeout).c_str(), nullptr));
   const double ratio = slowest * rate / (3.0 * static_cast<double>(from.size()));
-  if (std::isfinite(ratio) && ratio > 0) compute_share_ = std::clamp(ratio, 0.5, 64.0);
+  if (std::isfinite(ratio) && ratio > 0) memory_share_ = std::clamp(ratio, 0.5, 64.0);
+
+  // How much of a core each rank's codec work gets: a loop that stays in
+  // registers, timed on rank 0 alone (the others wait in the store) and then
+  // on every rank at once. The slowest rank's ratio (ranks sharing cores,
+  // other work on them) scales the codec work, never below the ranks per core.
+  const double alone = rank == 0 ? spin_seconds() : 0.0;
+  if (rank == 0) {
+    std::snprintf(b, sizeof b, "%.9g", alone);
+    store.set("costmodel/spin", b);
+  }
+  const double spin1 = std::strtod(store.get("costmodel/spin", timeout).c_str(), nullptr);
+  transport->barrier(ctx);
+  std::snprintf(b, sizeof b, "%.9g", spin_seconds());
+  store.set("costmodel/spin/" + std::to_string(rank), b);
+  double spin_slowest = 0;
+  for (int r = 0; r < size; ++r)
+    spin_slowest =
+        std::max(spin_slowest, std::strtod(store.get("costmodel/spin/" + std::to_string(r), timeout).c_str(), nullptr));
+  const double cpu_ratio = spin_slowest / spin1;
+  if (std::isfinite(cpu_ratio) && cpu_ratio > 0) compute_share_ = std::max(compute_share_, std::min(cpu_ratio, 64.0));
 }
 
 const AutoChoice::Shared* AutoChoice::share_rates(const CodecConfig& codec, const CodecConfig& server, Store& store,
@@ -263,6 +302,7 @@ std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& s
   in.machine = s->machine;
   in.link = link_;
   in.compute_share = compute_share_;
+  in.memory_share = memory_share_;
   in.segment_bytes = o.segment_bytes;
   in.inner = topo.nodes() >= 2 ? resolve_algorithm(Algorithm::Auto, cfg, topo.nodes()) : Algorithm::Allgather;
   return in;

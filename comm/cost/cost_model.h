@@ -54,15 +54,21 @@ struct LinkModel {
   double local_bytes_per_s = 0; ///< between ranks of one node (0: copy_bytes_per_s / 2)
   /// Share of the link rate that carries payload (TCP/IP headers at MTU 9000: 0.99).
   double efficiency = 0.99;
-  /// Seconds the transport adds per byte a rank sends to another node, beyond
-  /// the link's time (its own CPU work: TCP through the kernel; measured by
-  /// AutoChoice, 0 when the link is the bottleneck).
+  /// Seconds the transport needs per byte a rank sends to another node (its
+  /// own CPU work: TCP through the kernel), beside the link's time: an
+  /// exchange takes the longer of the two (measured by AutoChoice; at or
+  /// below the link's time when the link is the bottleneck).
   double transport_s_per_byte = 0;
   /// Seconds per message of an exchange (it posts one send and one receive
   /// per peer): what grows with the peer count at hundreds of ranks. 0 in
   /// auto's model (the latency measured on all peers holds it); gradzip-model
   /// takes it as --message-us.
   double per_message_s = 0;
+  /// Bytes a node link passes at once after it idled: a token bucket's size
+  /// (the emulated cluster's tc tbf, GRADZIP_LINK_BURST, which gradzip-run
+  /// sets; 0 for a real link). A call that starts on an idle link can save
+  /// up to burst_bytes / rate of wire time (memory_limit).
+  double burst_bytes = 0;
 };
 
 /// "1gbit", "10gbit", "2.5gbit,50us", "100mbit,1ms" (GRADZIP_LINK): parsed
@@ -81,9 +87,14 @@ struct CostInputs {
   bool raw = false;        ///< codec none on the host: floats, no payloads
   MachineRates machine;
   LinkModel link;
-  /// Ranks per core on the busiest machine (>= 1: several ranks of the
-  /// emulated cluster share its cores, and their codec work slows alike).
+  /// How much slower than one quiet core each rank's codec work runs: ranks
+  /// per core on the busiest machine, or more when other work takes the
+  /// cores (AutoChoice times it on a cache-resident loop).
   double compute_share = 1;
+  /// How much slower than one quiet core each rank copies memory while all
+  /// ranks copy at once (they share the memory bus): the memory-traffic
+  /// part of memory_limit. 0: compute_share.
+  double memory_share = 0;
   /// Payload bytes per pipeline segment (0: the library's default, 1 MiB).
   std::size_t segment_bytes = 0;
   bool ef = true;           ///< the codec keeps a residual (error feedback)
@@ -104,6 +115,11 @@ struct Prediction {
 /// >= 2 dividing ranks).
 Prediction predict(Algorithm a, const CostInputs& in);
 
+/// Wire time a call can save at most when it starts on an idle link whose
+/// bucket holds link.burst_bytes (0 without a burst or without other
+/// nodes): memory_limit subtracts it.
+double burst_credit_seconds(const CostInputs& in);
+
 /// Bytes of memory one rank's codec work must touch in a call of `a`
 /// (its descriptor's memory_bytes; 0 where it has none: hierarchical): encode reads the gradient (and
 /// reads and writes the residual) and writes the payload; decode reads the
@@ -112,9 +128,9 @@ Prediction predict(Algorithm a, const CostInputs& in);
 double memory_bytes(Algorithm a, const CostInputs& in);
 
 /// The least time a call of `a` can take on this machine: max(the link
-/// time of its bytes, memory_bytes / the copy bandwidth (2 x memcpy's
-/// rate: a copy reads and writes each byte)), times compute_share for the
-/// memory part. 0 for hierarchical.
+/// time of its bytes less the burst, memory_bytes / the copy bandwidth (2 x
+/// memcpy's rate: a copy reads and writes each byte) times memory_share).
+/// 0 for hierarchical.
 double memory_limit(Algorithm a, const CostInputs& in);
 
 /// Wire time of one exchange in which this rank sends `bytes` to each of

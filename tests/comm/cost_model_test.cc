@@ -85,10 +85,19 @@ TEST(CostModel, WireTimeIsTheAlgorithmsBytesOverTheLink) {
   msg.link.per_message_s = 1e-3;
   const Prediction pm = predict(Algorithm::Allgather, msg);
   EXPECT_NEAR(pm.wire_s - predict(Algorithm::Allgather, in).wire_s, pm.segments * 7 * 1e-3, 1e-9);
-  // The transport's own cost per byte sent to another node adds to the link's.
+  // The transport's own work per byte sent to another node runs beside the
+  // link: the slower of the two sets the pace.
   CostInputs tcp = in;
-  tcp.link.transport_s_per_byte = 1e-9;
-  EXPECT_NEAR(predict(Algorithm::Allgather, tcp).wire_s, 7 * 2.0 * n / B + 7 * 2.0 * n * 1e-9, 1e-9);
+  tcp.link.transport_s_per_byte = 1e-9;  // faster than the link (8 ns/B): the link's time
+  EXPECT_NEAR(predict(Algorithm::Allgather, tcp).wire_s, 7 * 2.0 * n / B, 1e-9);
+  tcp.link.transport_s_per_byte = 2e-8;  // slower: its own
+  EXPECT_NEAR(predict(Algorithm::Allgather, tcp).wire_s, 7 * 2.0 * n * 2e-8, 1e-9);
+  // A link's bucket (the emulated cluster's tbf): the limit, a bound, takes
+  // the bytes a call on an idle link may send at once off its link time.
+  CostInputs burst = in;
+  burst.link.burst_bytes = 1e6;
+  EXPECT_NEAR(burst_credit_seconds(burst), 1e6 / B, 1e-12);
+  EXPECT_NEAR(memory_limit(Algorithm::Allgather, burst), memory_limit(Algorithm::Allgather, in) - 1e6 / B, 1e-9);
   // Codec none on the host (raw): 4 bytes an element, 2 ranks, either algorithm.
   CostInputs raw = wire_only(n, 2, 4, 4);
   raw.raw = true;

@@ -474,6 +474,8 @@ std::map<std::string, std::string> NetnsPlacement::env(int rank) const {
       {"GLOO_SOCKET_IFNAME", kRankDev},    // torch.distributed's gloo
       {"NCCL_SOCKET_IFNAME", kRankDev},
       {"GRADZIP_LINK", link_.text},
+      // The tbf bucket: bytes a link passes at once after it idled (the cost model's burst).
+      {"GRADZIP_LINK_BURST", std::to_string(link_.burst_bytes)},
   };
   if (per_node_ > 1) {
     // Eager messages over shared memory go through a receive FIFO; with
