@@ -31,7 +31,7 @@ source "$ROOT/bench/cluster/run_lib.sh"
 bench() { echo "$BIN/gradzip-bench --predict --iters $ITERS --warmup 1 --timeout 600"; }
 
 LINKS="${LINKS:-1gbit 10gbit}"
-RANKS="${RANKS:-2 4}"
+RANKS="${RANKS-2 4}"
 NODES="${NODES:-1}"
 ALGORITHMS="${ALGORITHMS:-auto}"
 for link in $LINKS; do

@@ -54,6 +54,7 @@ std::size_t chunk_grain(const CodecConfig& codec, std::uint64_t n, int ranks);
 class WorkspaceCarver;
 namespace detail {
 struct Run;
+struct FlatPhase;
 }  // namespace detail
 struct CostInputs;  // comm/cost/cost_model.h
 struct Prediction;
@@ -133,6 +134,11 @@ struct AlgorithmDescriptor {
   /// (memory_limit). Null: no limit.
   double (*memory_bytes)(const CostInputs& in) = nullptr;
   double (*bytes_per_peer)(const CostInputs& in) = nullptr;
+
+  /// How it runs as one phase over a group of ranks (comm/algorithms/flat.h:
+  /// hierarchical runs the algorithm auto picks for its nodes across them,
+  /// through this); null when it cannot (hierarchical, ring).
+  const detail::FlatPhase* flat = nullptr;
 };
 
 /// Every algorithm, in Algorithm enum order (Auto aside).
@@ -142,6 +148,10 @@ const AlgorithmDescriptor* find_algorithm(std::string_view name);
 const AlgorithmDescriptor* find_algorithm(Algorithm id);
 /// The descriptor of `id`; InvalidArgument for Auto or an unknown id.
 const AlgorithmDescriptor& algorithm_descriptor(Algorithm id);
+/// What hierarchical runs across `nodes` nodes: auto's rule for that many
+/// ranks among the algorithms that run as a phase over a group (a `flat`
+/// phase; the ring has none).
+Algorithm inner_algorithm(const CodecConfig& codec, int nodes);
 
 /// Payload bytes of `count` elements of `codec` as an algorithm moves them
 /// over a transport of host memory (0 for 0 elements): raw floats for a

@@ -122,6 +122,29 @@ double allgather_memory(const CostInputs& in) {
 
 double allgather_bytes_per_peer(const CostInputs& in) { return codec_bytes(in) * static_cast<double>(in.n); }
 
+// As a phase over a group: the whole run encoded, cut into segments.
+Wire allgather_wire(Run& run, int, std::size_t unit_count) { return run.wire_for(unit_count, false); }
+std::size_t allgather_segments(int, std::size_t count, const Wire& w) { return segment_count(count, w.seg); }
+void allgather_phase(Run& run, const Group& g, float* buf, float* residual, float*, std::size_t count, float scale_by,
+                     const Wire& w, Carve& wire_carve, Carve&, Slots* keep) {
+  allgather(run, g, buf, residual, count, scale_by, w, wire_carve, keep);
+}
+std::size_t allgather_kept_count(std::size_t count, int, const Wire& w, std::size_t s, std::size_t) {
+  return segment(count, w.seg, s).count;
+}
+// Segment s: the sum of every member's payload of it.
+void allgather_decode_kept(Run& run, int members, const Wire& w, const Slots& kept, std::size_t s, std::size_t count,
+                           float* buf, float scale_by, Codec& kc, std::size_t cap) {
+  const ChunkRange r = segment(count, w.seg, s);
+  run.payload_refs.clear();
+  for (std::size_t j = 0; j < static_cast<std::size_t>(members); ++j)
+    run.payload_refs.push_back({kept.at(s, j), run.kept_size(kc, kept.at(s, j), r.count, cap)});
+  kc.decode_sum(run.payload_refs, buf + r.offset, r.count, scale_by, run.exec);
+}
+
+const FlatPhase allgather_flat{allgather_wire,     allgather_segments,    allgather_phase,
+                               allgather_kept_count, allgather_decode_kept, flat_allgather_prediction};
+
 }  // namespace
 }  // namespace gz::detail
 
@@ -140,6 +163,7 @@ extern const AlgorithmDescriptor allgather{
     .predict = detail::allgather_predict,
     .memory_bytes = detail::allgather_memory,
     .bytes_per_peer = detail::allgather_bytes_per_peer,
+    .flat = &detail::allgather_flat,
 };
 
 }  // namespace gz::algorithms

@@ -5,9 +5,34 @@
 #pragma once
 
 #include "comm/algorithms/algorithm.h"
+#include "comm/cost/cost_model.h"
 #include "comm/engine/allreduce_run.h"
 
 namespace gz::detail {
+
+/// An algorithm as a phase over a group of ranks (its descriptor's `flat`):
+/// what flat(), flat_wire(), flat_segments(), decode_kept() and hierarchical
+/// ask of it, so that they name no algorithm.
+struct FlatPhase {
+  /// How it cuts a run of `unit_count` elements over `members` ranks.
+  Wire (*wire)(Run& run, int members, std::size_t unit_count) = nullptr;
+  /// Segments of a member's run of `count` elements cut as `w` says.
+  std::size_t (*segments)(int members, std::size_t count, const Wire& w) = nullptr;
+  /// Runs it over group g (flat()'s arguments).
+  void (*run)(Run& run, const Group& g, float* buf, float* residual, float* server, std::size_t count,
+              float scale_by, const Wire& w, Carve& wire_carve, Carve& local, Slots* keep) = nullptr;
+  /// Elements of the payload it kept for segment s of member j (of a run of `count`).
+  std::size_t (*kept_count)(std::size_t count, int members, const Wire& w, std::size_t s, std::size_t j) = nullptr;
+  /// Decodes segment s of what it kept (payloads of `kc`, each at most `cap`
+  /// bytes) into buf, as its owner decoded it. Null: it keeps nothing.
+  void (*decode_kept)(Run& run, int members, const Wire& w, const Slots& kept, std::size_t s, std::size_t count,
+                      float* buf, float scale_by, Codec& kc, std::size_t cap) = nullptr;
+  /// The cost model's time of the phase over group g.
+  Prediction (*predict)(const CostInputs& in, const CostGroup& g, std::size_t count) = nullptr;
+};
+
+/// The flat phase of `a` (InvalidArgument when it has none).
+const FlatPhase& flat_phase(Algorithm a);
 
 /// Which halves of scatter_reduce a phase runs (hierarchical runs them apart).
 enum class Half { Both, ReduceOnly, GatherOnly };
@@ -26,10 +51,9 @@ void allgather(Run& run, const Group& g, float* buf, float* residual, std::size_
 void scatter_reduce(Run& run, const Group& g, float* buf, float* residual, float* server, std::size_t count,
                     float scale_by, Wire w, Carve& wire_carve, Carve& local, Half half = Half::Both,
                     Slots* keep = nullptr);
-/// The flat algorithm `a` over group g (allgather or scatter_reduce;
-/// ReduceScatter: scatter_reduce's Half::ReduceOnly). Segments and codec are
-/// chosen for `unit_count` elements (0: count): the same for every shard of
-/// a node in hierarchical.
+/// The flat algorithm `a` over group g (its descriptor's FlatPhase).
+/// Segments and codec are chosen for `unit_count` elements (0: count): the
+/// same for every shard of a node in hierarchical.
 void flat(Run& run, Algorithm a, const Group& g, float* buf, float* residual, float* server, std::size_t count,
           float scale_by, Carve& wire_carve, Carve& local, Slots* keep = nullptr, std::size_t unit_count = 0);
 /// How `a` over `members` ranks cuts `unit_count` elements (flat's choice).

@@ -46,7 +46,7 @@ void hierarchical(Run& run, Carve& wire_carve, Carve& local) {
   for (int k = 0; k < N; ++k) column.ranks.push_back(run.topo.members(k)[static_cast<std::size_t>(nodes_ranks.me)]);
   column.me = node;
   const ChunkRange shard = chunk_range(run.o.n, nodes_ranks.size(), nodes_ranks.me);
-  const Algorithm inner = resolve_algorithm(Algorithm::Auto, run.codec.config(), N);
+  const Algorithm inner = inner_algorithm(run.codec.config(), N);
 
   // The node's own traffic is fp32: the floats themselves on the host, the
   // none codec's payloads on a device.
@@ -102,8 +102,7 @@ void share_with_node(Run& run, const Group& node, Algorithm inner, int N, const 
   // Elements of kept payload (segment s, member j) of a shard of `count`:
   // allgather's segment s of the shard; scatter_reduce's of chunk j.
   auto count_of = [&](std::size_t count, std::size_t s, std::size_t j) {
-    if (inner == Algorithm::Allgather) return segment(count, w.seg, s).count;
-    return segment(chunk_range(count, N, static_cast<int>(j), w.grain).count, w.seg, s).count;
+    return flat_phase(inner).kept_count(count, N, w, s, j);
   };
   std::vector<Slots> theirs(L);
   for (std::size_t l = 0; l < L; ++l)
@@ -188,7 +187,7 @@ WireCost hierarchical_cost(const CostQuery& q) {
     if (l != p.local) c.bytes += 4.0 * static_cast<double>(chunk_range(q.n, p.L, l).count);
   // 2. the shard across the nodes, with what Auto runs on N ranks (all remote).
   const std::uint64_t shard = chunk_range(q.n, p.L, p.local).count;
-  const Algorithm inner = resolve_algorithm(Algorithm::Auto, q.codec, p.N);
+  const Algorithm inner = inner_algorithm(q.codec, p.N);
   const Topology column = Topology::flat(p.N);
   CostQuery across = q;
   across.n = shard;
@@ -221,7 +220,7 @@ std::pair<std::uint64_t, std::uint64_t> hierarchical_residuals(const CodecConfig
   // across) its node's chunk of that shard.
   const Place p = place_of(rank, topo);
   const std::uint64_t shard = chunk_range(n, p.L, p.local).count;
-  const Algorithm inner = resolve_algorithm(Algorithm::Auto, codec, p.N);
+  const Algorithm inner = inner_algorithm(codec, p.N);
   // Chunks cut as flat cuts them for every shard of a node: by the largest.
   const std::size_t grain = chunk_grain(codec, chunk_range(n, p.L, 0).count, p.N);
   return {shard, algorithm_descriptor(inner).server_phase ? chunk_range(shard, p.N, p.node, grain).count : 0};
@@ -256,9 +255,10 @@ Prediction hierarchical_predict(const CostInputs& in) {
     p.segments = S;
   }
   // 2. the compressed allreduce of the shard across the nodes.
+  const Prediction across = flat_phase(in.inner).predict(in, column, shard);
+  // What it kept: every member's payload of the whole shard, or (a server
+  // phase) each member's chunk sum in the server codec.
   const bool gather = !algorithm_descriptor(in.inner).server_phase;
-  const Prediction across =
-      gather ? flat_allgather_prediction(in, column, shard) : flat_scatter_reduce_prediction(in, column, shard);
   p.total_s += across.total_s;
   p.compute_s += across.compute_s;
   p.wire_s += across.wire_s;

@@ -32,6 +32,21 @@ std::pair<std::uint64_t, std::uint64_t> reduce_scatter_residuals(const CodecConf
   return {n, 0};  // the worker residual of the whole buffer; no second phase
 }
 
+// As a phase: scatter_reduce's first half, on chunks of whole elements (the
+// chunks its callers own), member j left with the sum of chunk j.
+Wire reduce_scatter_wire(Run& run, int members, std::size_t unit_count) {
+  return run.wire_for(chunk_range(unit_count, members, 0).count, true);
+}
+std::size_t reduce_scatter_segments(int members, std::size_t count, const Wire& w) {
+  return segment_count(chunk_range(count, members, 0, w.grain).count, w.seg);
+}
+void reduce_scatter_phase(Run& run, const Group& g, float* buf, float* residual, float* server, std::size_t count,
+                          float scale_by, const Wire& w, Carve& wire_carve, Carve& local, Slots* keep) {
+  scatter_reduce(run, g, buf, residual, server, count, scale_by, w, wire_carve, local, Half::ReduceOnly, keep);
+}
+
+const FlatPhase reduce_scatter_flat{reduce_scatter_wire, reduce_scatter_segments, reduce_scatter_phase};
+
 }  // namespace
 }  // namespace gz::detail
 
@@ -45,6 +60,7 @@ extern const AlgorithmDescriptor reduce_scatter{
     .run = detail::run_reduce_scatter,
     .residual_counts = detail::reduce_scatter_residuals,
     .wire_cost = detail::reduce_scatter_cost,
+    .flat = &detail::reduce_scatter_flat,
 };
 
 }  // namespace gz::algorithms

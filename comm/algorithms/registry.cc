@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "comm/algorithms/algorithm.h"
+#include "comm/engine/allreduce.h"
 #include "common/error.h"
 #include "compressors/codec.h"
 #include "compressors/wire_format.h"
@@ -36,6 +37,11 @@ const AlgorithmDescriptor& algorithm_descriptor(Algorithm id) {
   const AlgorithmDescriptor* d = find_algorithm(id);
   if (!d) GZ_THROW(InvalidArgument, "no algorithm descriptor for '", to_string(id), "' (auto resolves to one first)");
   return *d;
+}
+
+Algorithm inner_algorithm(const CodecConfig& codec, int nodes) {
+  return resolve_algorithm(Algorithm::Auto, codec, TopologyShape::flat(nodes), nullptr,
+                           [](const AlgorithmDescriptor& d) { return d.flat != nullptr; });
 }
 
 ChunkRange chunk_range(std::size_t n, int ranks, int j) {

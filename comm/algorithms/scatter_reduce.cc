@@ -236,6 +236,37 @@ double scatter_reduce_bytes_per_peer(const CostInputs& in) {
   return (codec_bytes(in) + server_bytes(in)) * static_cast<double>(in.n) / in.ranks;
 }
 
+// As a phase over a group: chunks on the codec's blocks (chunk_grain), the
+// largest one's cut for all.
+Wire scatter_reduce_wire(Run& run, int members, std::size_t unit_count) {
+  const std::size_t grain = run.raw ? 1 : chunk_grain(run.codec.config(), unit_count, members);
+  Wire w = run.wire_for(chunk_range(unit_count, members, 0, grain).count, true);
+  w.grain = grain;
+  return w;
+}
+std::size_t scatter_reduce_segments(int members, std::size_t count, const Wire& w) {
+  return segment_count(chunk_range(count, members, 0, w.grain).count, w.seg);
+}
+void scatter_reduce_phase(Run& run, const Group& g, float* buf, float* residual, float* server, std::size_t count,
+                          float scale_by, const Wire& w, Carve& wire_carve, Carve& local, Slots* keep) {
+  scatter_reduce(run, g, buf, residual, server, count, scale_by, w, wire_carve, local, Half::Both, keep);
+}
+std::size_t scatter_reduce_kept_count(std::size_t count, int members, const Wire& w, std::size_t s, std::size_t j) {
+  return segment(chunk_range(count, members, static_cast<int>(j), w.grain).count, w.seg, s).count;
+}
+// Segment s: each chunk's payload (its owner's sum) into its place.
+void scatter_reduce_decode_kept(Run& run, int members, const Wire& w, const Slots& kept, std::size_t s,
+                                std::size_t count, float* buf, float scale_by, Codec& kc, std::size_t cap) {
+  for (std::size_t j = 0; j < static_cast<std::size_t>(members); ++j) {
+    const ChunkRange c = chunk_range(count, members, static_cast<int>(j), w.grain), r = segment(c.count, w.seg, s);
+    const PayloadRef p{kept.at(s, j), run.kept_size(kc, kept.at(s, j), r.count, cap)};
+    kc.decode_sum(std::span(&p, 1), buf + c.offset + r.offset, r.count, scale_by, run.exec);
+  }
+}
+
+const FlatPhase scatter_reduce_flat{scatter_reduce_wire,       scatter_reduce_segments,    scatter_reduce_phase,
+                                    scatter_reduce_kept_count, scatter_reduce_decode_kept, flat_scatter_reduce_prediction};
+
 }  // namespace
 }  // namespace gz::detail
 
@@ -256,6 +287,7 @@ extern const AlgorithmDescriptor scatter_reduce{
     .predict = detail::scatter_reduce_predict,
     .memory_bytes = detail::scatter_reduce_memory,
     .bytes_per_peer = detail::scatter_reduce_bytes_per_peer,
+    .flat = &detail::scatter_reduce_flat,
 };
 
 }  // namespace gz::algorithms

@@ -304,7 +304,7 @@ std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& s
   in.compute_share = compute_share_;
   in.memory_share = memory_share_;
   in.segment_bytes = o.segment_bytes;
-  in.inner = topo.nodes() >= 2 ? resolve_algorithm(Algorithm::Auto, cfg, topo.nodes()) : Algorithm::Allgather;
+  in.inner = topo.nodes() >= 2 ? inner_algorithm(cfg, topo.nodes()) : Algorithm::Allgather;
   return in;
 }
 

@@ -60,6 +60,11 @@ double payload_bytes_per_element(const CodecConfig& codec) {
 
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const TopologyShape& shape,
                             const CodecConfig* server) {
+  return resolve_algorithm(requested, codec, shape, server, nullptr);
+}
+
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const TopologyShape& shape,
+                            const CodecConfig* server, bool (*allowed)(const AlgorithmDescriptor&)) {
   if (requested != Algorithm::Auto) return requested;
   // Every registered allreduce that may run here (its descriptor's
   // auto_candidate): the highest auto_priority, then the fewest bytes per
@@ -70,7 +75,7 @@ Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const
   double best_bytes = 0;
   double c = -1, s = -1;
   for (const AlgorithmDescriptor* d : all_algorithms()) {
-    if (!d->allreduce || !d->auto_candidate || !d->auto_candidate(codec, shape)) continue;
+    if (!d->allreduce || !d->auto_candidate || !d->auto_candidate(codec, shape) || (allowed && !allowed(*d))) continue;
     if (best && d->auto_priority < best->auto_priority) continue;
     double bytes = 0;
     if (d->auto_bytes) {

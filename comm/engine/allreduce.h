@@ -67,6 +67,7 @@ namespace gz {
 namespace detail {
 struct Run;
 }
+struct AlgorithmDescriptor;
 
 /// The codec scatter_reduce re-encodes the chunk sums with (its second,
 /// "server" phase) when AllreduceOptions::server_codec is unset:
@@ -108,6 +109,10 @@ Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, int r
                             const CodecConfig* server = nullptr);
 Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const TopologyShape& shape,
                             const CodecConfig* server = nullptr);
+/// Auto's rule among the algorithms `allowed` accepts (hierarchical: those
+/// that run as a phase over a group of ranks, across its nodes).
+Algorithm resolve_algorithm(Algorithm requested, const CodecConfig& codec, const TopologyShape& shape,
+                            const CodecConfig* server, bool (*allowed)(const AlgorithmDescriptor&));
 /// The same with the ranks' nodes known: Auto runs hierarchical when there are
 /// several nodes of the same size, several ranks each (the local traffic then
 /// moves uncompressed over the fast path, and only the shards cross the slow

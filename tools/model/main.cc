@@ -326,8 +326,8 @@ int main(int argc, char** argv) {
               base.ef = false;
               in.codec = *cr;
               in.server = *sr;
-              in.inner = hier ? resolve_algorithm(Algorithm::Auto, cfg, P / L) : Algorithm::Allgather;
-              base.inner = hier ? resolve_algorithm(Algorithm::Auto, parse_spec("none"), P / L) : Algorithm::Allgather;
+              in.inner = hier ? inner_algorithm(cfg, P / L) : Algorithm::Allgather;
+              base.inner = hier ? inner_algorithm(parse_spec("none"), P / L) : Algorithm::Allgather;
               // auto's choice on this layout (with nodes of L: hierarchical among them).
               const std::vector<Algorithm> cand = auto_candidates(cfg, topo);
               const std::vector<Algorithm> base_cand = auto_candidates(parse_spec("none"), topo);
