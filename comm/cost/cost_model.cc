@@ -39,15 +39,7 @@ double exchange_seconds(const CostInputs& in, const CostGroup& g, double bytes) 
 // CPU time of moving `bytes` through the transport on this rank (sent and
 // received: a copy each, the sockets' or shared memory's).
 double transport_cpu_seconds(const CostInputs& in, const CostGroup& g, double bytes) {
-  double t = 2.0 * (g.members - 1) * bytes / in.machine.copy_bytes_per_s;
-  // A transport slower than the link is bound by its own CPU work (TCP in
-  // the kernel, on the cores the codecs use): that work takes the rank's
-  // core too. (At 10 Gbit/s on 2 cores the codecs ran 1.3-1.7x slower than
-  // the rates say, beside the kernel's TCP.)
-  const int remote = g.members - 1 - g.local_peers;
-  if (remote > 0 && in.link.bits_per_s > 0 && in.link.transport_s_per_byte > 1.0 / link_bytes_per_s(in))
-    t += remote * bytes * in.link.transport_s_per_byte;
-  return t;
+  return 2.0 * (g.members - 1) * bytes / in.machine.copy_bytes_per_s;
 }
 
 double sum_seconds(const CostInputs& in, double m, int k) { return m * (in.machine.sum_s + k * in.machine.sum_each_s); }
