@@ -92,8 +92,8 @@ struct CostInputs {
   /// cores (AutoChoice times it on a cache-resident loop).
   double compute_share = 1;
   /// How much slower than one quiet core each rank copies memory while all
-  /// ranks copy at once (they share the memory bus): the memory-traffic
-  /// part of memory_limit. 0: compute_share.
+  /// ranks copy at once (they share the memory bus; reported by
+  /// gradzip-bench, not a part of the bound memory_limit). 0: unknown.
   double memory_share = 0;
   /// Payload bytes per pipeline segment (0: the library's default, 1 MiB).
   std::size_t segment_bytes = 0;
@@ -128,9 +128,9 @@ double burst_credit_seconds(const CostInputs& in);
 double memory_bytes(Algorithm a, const CostInputs& in);
 
 /// The least time a call of `a` can take on this machine: max(the link
-/// time of its bytes less the burst, memory_bytes / the copy bandwidth (2 x
-/// memcpy's rate: a copy reads and writes each byte) times memory_share).
-/// 0 for hierarchical.
+/// time of its bytes at the line rate, less the burst, memory_bytes / one
+/// core's copy bandwidth (2 x memcpy's rate: a copy reads and writes each
+/// byte)). 0 for hierarchical.
 double memory_limit(Algorithm a, const CostInputs& in);
 
 /// Wire time of one exchange in which this rank sends `bytes` to each of

@@ -192,10 +192,15 @@ TEST(CostModel, MemoryBytesCountWhatTheCodecTouches) {
   EXPECT_NEAR(memory_bytes(Algorithm::Allgather, in), (4 + 8 + 0.140625) * n + 2 * 0.140625 * n + 4.0 * n, 1);
   in.ef = false;
   EXPECT_NEAR(memory_bytes(Algorithm::Allgather, in), (4 + 0.140625) * n + 2 * 0.140625 * n + 4.0 * n, 1);
-  // The limit: the larger of link time and memory time (2 x memcpy rate).
+  // The limit: the larger of link time (at the line rate) and memory time
+  // (2 x one core's memcpy rate), whatever the payload share of the link
+  // and the ranks sharing cores.
   in.machine.copy_bytes_per_s = 1e9;
   const double memory = memory_bytes(Algorithm::Allgather, in) / 2e9;
   const double link = 0.140625 * n / (1e9 / 8);
+  EXPECT_NEAR(memory_limit(Algorithm::Allgather, in), std::max(memory, link), 1e-12);
+  in.link.efficiency = 0.9;
+  in.compute_share = in.memory_share = 4;
   EXPECT_NEAR(memory_limit(Algorithm::Allgather, in), std::max(memory, link), 1e-12);
   EXPECT_EQ(memory_limit(Algorithm::Hierarchical, in), 0);
 }
