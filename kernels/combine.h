@@ -33,12 +33,12 @@ GZ_HD float combine(float out, float d, float scale) {
   return kScaled ? v * scale : v;
 }
 
+/// The scaling half of the rule: v * c.scale, or v itself when scale == 1.
+GZ_HD float apply_scale(float v, Combine c) { return c.scaled() ? v * c.scale : v; }
+
 /// The same with the mode known only at run time (GPU kernels: the branch is
 /// uniform across threads).
-GZ_HD float combine(float out, float d, Combine c) {
-  const float v = c.accumulate ? out + d : d;
-  return c.scaled() ? v * c.scale : v;
-}
+GZ_HD float combine(float out, float d, Combine c) { return apply_scale(c.accumulate ? out + d : d, c); }
 
 /// Calls f(std::bool_constant<accumulate>{}, std::bool_constant<scaled>{}):
 /// one instantiation of a CPU loop per mode, so each vectorizes.

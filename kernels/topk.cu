@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     fill_or_scale_kernel(float* __restrict__ out, std::size_t n, Combine c, const std::uint32_t* gate) {
   if (gate_closed(gate)) return;
-  const float zero = c.scaled() ? 0.0f * c.scale : 0.0f;
+  const float zero = apply_scale(0.0f, c);
   for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = c.accumulate ? out[i] * c.scale : zero;
 }
 
@@ -552,7 +552,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     fill16_kernel(T* __restrict__ out, std::size_t n, Combine c, const std::uint32_t* gate) {
   if (gate_closed(gate)) return;
-  const T zero = from_float<T>(c.scaled() ? 0.0f * c.scale : 0.0f);
+  const T zero = from_float<T>(apply_scale(0.0f, c));
   for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = zero;
 }
 
@@ -573,7 +573,7 @@ __global__ void __launch_bounds__(kThreads)
                    const std::uint32_t* gate) {
   if (gate_closed(gate)) return;
   for (std::size_t i = global_thread(); i < n; i += grid_threads())
-    out[i] = from_float<T>(c.scaled() ? partial[i] * c.scale : partial[i]);
+    out[i] = from_float<T>(apply_scale(partial[i], c));
 }
 
 // A single accumulate: the named elements' sums, from out before it changes,
@@ -592,10 +592,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     rescale16_kernel(T* __restrict__ out, std::size_t n, Combine c, const std::uint32_t* gate) {
   if (gate_closed(gate)) return;
-  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
-    const float v = to_float(out[i]);
-    out[i] = from_float<T>(c.scaled() ? v * c.scale : v);
-  }
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = from_float<T>(apply_scale(to_float(out[i]), c));
 }
 template <class T>
 __global__ void __launch_bounds__(kThreads)
@@ -603,7 +600,7 @@ __global__ void __launch_bounds__(kThreads)
                      T* __restrict__ out, Combine c, const std::uint32_t* gate) {
   if (gate_closed(gate)) return;
   for (std::size_t j = global_thread(); j < k; j += grid_threads())
-    out[idx[j]] = from_float<T>(c.scaled() ? sums[j] * c.scale : sums[j]);
+    out[idx[j]] = from_float<T>(apply_scale(sums[j], c));
 }
 
 template <bool kEf, class G>
@@ -715,9 +712,8 @@ void decode_float(const std::uint32_t* idx, const float* val, std::size_t k, std
 // The CPU's bits (a float tile rounded once, compressors/codec.cc), including
 // the unnamed elements, which the tile widens and rounds again (a NaN quieted).
 template <class T>
-void decode_16(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, const DecodeOut& o, Combine c,
-               const std::uint32_t* gate, Stream stream) {
-  T* out = static_cast<T*>(o.out);
+void decode_16(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, T* out, const DecodeOut& o,
+               Combine c, const std::uint32_t* gate, Stream stream) {
   const unsigned kgrid = grid_for(k), ngrid = grid_for(n);
   if (!c.accumulate) {
     fill16_kernel<<<ngrid, kThreads, 0, stream>>>(out, n, c, gate);
@@ -752,12 +748,13 @@ void decode_16(const std::uint32_t* idx, const float* val, std::size_t k, std::s
 void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std::size_t n, const DecodeOut& out,
                  Combine c, const std::uint32_t* gate, Stream stream) {
   if (n == 0) return;
-  switch (out.dtype) {
-    case Dtype::Float16: return decode_16<Half>(idx, val, k, n, out, c, gate, stream);
-    case Dtype::BFloat16: return decode_16<BFloat16>(idx, val, k, n, out, c, gate, stream);
-    case Dtype::Float32: break;
-  }
-  decode_float(idx, val, k, n, static_cast<float*>(out.out), c, gate, stream);
+  with_elements(out.dtype, out.out, [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    if constexpr (std::is_same_v<T, float>)
+      decode_float(idx, val, k, n, o, c, gate, stream);
+    else
+      decode_16(idx, val, k, n, o, out, c, gate, stream);
+  });
 }
 
 }  // namespace gz::kernels::cuda

@@ -430,7 +430,7 @@ void topk_decode(const std::uint32_t* idx, const float* val, std::size_t k, std:
   const std::size_t j0 = static_cast<std::size_t>(std::lower_bound(idx, idx + k, begin) - idx);
   const std::size_t j1 = static_cast<std::size_t>(std::lower_bound(idx + j0, idx + k, end) - idx);
   if (!c.accumulate) {
-    std::fill(out, out + (end - begin), c.scaled() ? 0.0f * c.scale : 0.0f);
+    std::fill(out, out + (end - begin), apply_scale(0.0f, c));
     with_combine(c, [&](auto acc, auto scaled) {
       for (std::size_t j = j0; j < j1; ++j) out[idx[j] - begin] = combine<acc, scaled>(0.0f, val[j], c.scale);
     });
