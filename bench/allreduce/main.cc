@@ -32,9 +32,9 @@ int main(int argc, char** argv) {
       const auto none = make_codec("none");
       const auto in = comm->cost_inputs(*none, 1 << 20, call);
       if (root && in)
-        std::printf("# model: link %.3g Gbit/s x %.2f, %.0f us per exchange, burst %.0f KiB, transport %.2f ns/B, codec work %.2fx one quiet core, copies %.2fx, copy %.1f GB/s (measured)\n",
+        std::printf("# model: link %.3g Gbit/s x %.2f, %.0f us per exchange, burst %.0f KiB, transport %.2f ns/B, codec work %.2fx one quiet core, copy %.1f GB/s (measured)\n",
                     in->link.bits_per_s / 1e9, in->link.efficiency, in->link.latency_s * 1e6, in->link.burst_bytes / 1024,
-                    in->link.transport_s_per_byte * 1e9, in->compute_share, in->memory_share,
+                    in->link.transport_s_per_byte * 1e9, in->compute_share,
                     in->machine.copy_bytes_per_s / 1e9);
       else if (root)
         std::printf("# model: off (no link: give --link or run under gradzip-run --link; CUDA and 1 rank: none)\n");

@@ -7,14 +7,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "comm/algorithms/algorithm.h"
 #include "comm/cost/codec_rates.h"
 #include "comm/base/env.h"
 #include "common/error.h"
+#include "common/units.h"
 
 namespace gz {
 
@@ -99,7 +100,7 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   if (hosts_known_) return;
   store.set("costmodel/host/" + std::to_string(rank),
             boot_id() + "\t" + std::to_string(cpu_count()) + "\t" + (rank == 0 ? link_text_ : "") + "\t" +
-                (rank == 0 ? env_value("GRADZIP_LINK_BURST").value_or("0") : ""));
+                (rank == 0 ? env_value("GRADZIP_LINK_BURST").value_or("") : ""));
   std::map<std::string, std::pair<int, int>> hosts;  // boot id: ranks, cpus
   std::string link, burst;
   for (int r = 0; r < size; ++r) {
@@ -117,18 +118,27 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   hosts_known_ = true;
   enabled_ = false;
   if (link.empty()) return;
+  // Rank 0's texts: the same result on every rank. The bucket (gradzip-run's
+  // tc tbf) is read by the one parser of counts (common/units.h).
+  std::string what = "the link '" + link + "'";
   try {
-    link_ = parse_link_model(link);  // rank 0's text: the same result on every rank
-    // The link's token bucket (gradzip-run's tc tbf), rank 0's bytes.
-    const double b = burst.empty() ? 0.0 : std::strtod(burst.c_str(), nullptr);
-    GZ_ENFORCE(std::isfinite(b) && b >= 0 && b <= 1 << 30, "GRADZIP_LINK_BURST '", burst,
-               "' is not a byte count in [0, 2^30]");
-    link_.burst_bytes = b;
+    link_ = parse_link_model(link);
+    if (!burst.empty()) {
+      what = "GRADZIP_LINK_BURST '" + burst + "'";
+      std::uint64_t bytes = 0;
+      try {
+        bytes = units::parse_count(burst);
+      } catch (const std::invalid_argument& e) {
+        GZ_THROW(InvalidArgument, e.what());
+      }
+      if (bytes > std::uint64_t{1} << 30) GZ_THROW(InvalidArgument, "over 2^30 bytes");
+      link_.burst_bytes = static_cast<double>(bytes);
+    }
     enabled_ = true;
   } catch (const InvalidArgument& e) {
     if (rank == 0)
-      std::fprintf(stderr, "gradzip: warning: the link '%s' is not understood (%s); auto chooses by bytes\n",
-                   link.c_str(), e.what());
+      std::fprintf(stderr, "gradzip: warning: %s is not understood (%s); auto chooses by bytes\n", what.c_str(),
+                   e.what());
     return;
   }
   // Timed on host buffers only (an NCCL transport takes device memory).
@@ -210,31 +220,6 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
     }
   }
 
-  // How much slower than one quiet core each rank copies memory now: all
-  // ranks copy the same bytes at once (the memory bus shared with the other
-  // ranks and whatever else runs), against rank 0's cached copy rate of one
-  // core. The slowest rank's ratio is the memory-traffic part of the limit
-  // (memory_share); it overstates the codecs' slowdown, which are not
-  // memcpy (2 ranks on 2 idle cores: 1.6x here, the codecs 1.0x).
-  std::vector<char> from(std::size_t{64} << 20, 1), to(from.size());
-  transport->barrier(ctx);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 3; ++i) std::memcpy(to.data(), from.data(), from.size());
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::snprintf(b, sizeof b, "%.9g", took);
-  store.set("costmodel/copy/" + std::to_string(rank), b);
-  if (rank == 0) {
-    RatesCache cache(RatesCache::default_path());
-    std::snprintf(b, sizeof b, "%.9g", cache.machine().copy_bytes_per_s);
-    store.set("costmodel/copy_rate", b);
-  }
-  const double rate = std::strtod(store.get("costmodel/copy_rate", timeout).c_str(), nullptr);
-  double slowest = 0;
-  for (int r = 0; r < size; ++r)
-    slowest = std::max(slowest, std::strtod(store.get("costmodel/copy/" + std::to_string(r), timeout).c_str(), nullptr));
-  const double ratio = slowest * rate / (3.0 * static_cast<double>(from.size()));
-  if (std::isfinite(ratio) && ratio > 0) memory_share_ = std::clamp(ratio, 0.5, 64.0);
-
   // How much of a core each rank's codec work gets: a loop that stays in
   // registers, timed on rank 0 alone (the others wait in the store) and then
   // on every rank at once. The slowest rank's ratio (ranks sharing cores,
@@ -308,7 +293,6 @@ std::optional<CostInputs> AutoChoice::inputs(const AllreduceOptions& o, Store& s
   in.machine = s->machine;
   in.link = link_;
   in.compute_share = compute_share_;
-  in.memory_share = memory_share_;
   in.segment_bytes = o.segment_bytes;
   in.inner = topo.nodes() >= 2 ? inner_algorithm(cfg, topo.nodes()) : Algorithm::Allgather;
   return in;

@@ -82,7 +82,7 @@ class AutoChoice {
   std::string link_text_;
   bool hosts_known_ = false, enabled_ = false;
   LinkModel link_;
-  double compute_share_ = 1, memory_share_ = 0;
+  double compute_share_ = 1;
   std::uint64_t rounds_ = 0;  // rate rounds made, the same on every rank
   std::map<std::pair<std::string, std::string>, Shared> rates_;
 };

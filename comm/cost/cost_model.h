@@ -91,10 +91,6 @@ struct CostInputs {
   /// per core on the busiest machine, or more when other work takes the
   /// cores (AutoChoice times it on a cache-resident loop).
   double compute_share = 1;
-  /// How much slower than one quiet core each rank copies memory while all
-  /// ranks copy at once (they share the memory bus; reported by
-  /// gradzip-bench, not a part of the bound memory_limit). 0: unknown.
-  double memory_share = 0;
   /// Payload bytes per pipeline segment (0: the library's default, 1 MiB).
   std::size_t segment_bytes = 0;
   bool ef = true;           ///< the codec keeps a residual (error feedback)

@@ -200,7 +200,7 @@ TEST(CostModel, MemoryBytesCountWhatTheCodecTouches) {
   const double link = 0.140625 * n / (1e9 / 8);
   EXPECT_NEAR(memory_limit(Algorithm::Allgather, in), std::max(memory, link), 1e-12);
   in.link.efficiency = 0.9;
-  in.compute_share = in.memory_share = 4;
+  in.compute_share = 4;
   EXPECT_NEAR(memory_limit(Algorithm::Allgather, in), std::max(memory, link), 1e-12);
   EXPECT_EQ(memory_limit(Algorithm::Hierarchical, in), 0);
 }
