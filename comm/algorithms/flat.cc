@@ -13,6 +13,10 @@ const FlatPhase& flat_phase(Algorithm a) {
   return *d.flat;
 }
 
+std::size_t chunk_segments(int members, std::size_t count, const Wire& w) {
+  return segment_count(chunk_range(count, members, 0, w.grain).count, w.seg);
+}
+
 Wire flat_wire(Run& run, Algorithm a, int members, std::size_t unit_count) {
   return flat_phase(a).wire(run, members, unit_count);
 }

@@ -34,6 +34,11 @@ struct FlatPhase {
 /// The flat phase of `a` (InvalidArgument when it has none).
 const FlatPhase& flat_phase(Algorithm a);
 
+/// Segments of a member's run of `count` elements cut into chunks (on runs
+/// of w.grain) and then segments: the FlatPhase::segments of the chunked
+/// phases (scatter_reduce, reduce_scatter).
+std::size_t chunk_segments(int members, std::size_t count, const Wire& w);
+
 /// Which halves of scatter_reduce a phase runs (hierarchical runs them apart).
 enum class Half { Both, ReduceOnly, GatherOnly };
 

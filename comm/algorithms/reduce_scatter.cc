@@ -37,15 +37,12 @@ std::pair<std::uint64_t, std::uint64_t> reduce_scatter_residuals(const CodecConf
 Wire reduce_scatter_wire(Run& run, int members, std::size_t unit_count) {
   return run.wire_for(chunk_range(unit_count, members, 0).count, true);
 }
-std::size_t reduce_scatter_segments(int members, std::size_t count, const Wire& w) {
-  return segment_count(chunk_range(count, members, 0, w.grain).count, w.seg);
-}
 void reduce_scatter_phase(Run& run, const Group& g, float* buf, float* residual, float* server, std::size_t count,
                           float scale_by, const Wire& w, Carve& wire_carve, Carve& local, Slots* keep) {
   scatter_reduce(run, g, buf, residual, server, count, scale_by, w, wire_carve, local, Half::ReduceOnly, keep);
 }
 
-const FlatPhase reduce_scatter_flat{reduce_scatter_wire, reduce_scatter_segments, reduce_scatter_phase};
+const FlatPhase reduce_scatter_flat{reduce_scatter_wire, chunk_segments, reduce_scatter_phase};
 
 }  // namespace
 }  // namespace gz::detail

@@ -244,9 +244,6 @@ Wire scatter_reduce_wire(Run& run, int members, std::size_t unit_count) {
   w.grain = grain;
   return w;
 }
-std::size_t scatter_reduce_segments(int members, std::size_t count, const Wire& w) {
-  return segment_count(chunk_range(count, members, 0, w.grain).count, w.seg);
-}
 void scatter_reduce_phase(Run& run, const Group& g, float* buf, float* residual, float* server, std::size_t count,
                           float scale_by, const Wire& w, Carve& wire_carve, Carve& local, Slots* keep) {
   scatter_reduce(run, g, buf, residual, server, count, scale_by, w, wire_carve, local, Half::Both, keep);
@@ -264,7 +261,7 @@ void scatter_reduce_decode_kept(Run& run, int members, const Wire& w, const Slot
   }
 }
 
-const FlatPhase scatter_reduce_flat{scatter_reduce_wire,       scatter_reduce_segments,    scatter_reduce_phase,
+const FlatPhase scatter_reduce_flat{scatter_reduce_wire,       chunk_segments,             scatter_reduce_phase,
                                     scatter_reduce_kept_count, scatter_reduce_decode_kept, flat_scatter_reduce_prediction};
 
 }  // namespace
