@@ -31,6 +31,7 @@ GPU, counts as skipped and fails the run: this script is only run where a GPU is
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -298,25 +299,19 @@ def _backend_ddp(rank: int, world: int) -> Dict[str, Any]:
 
     from gradzip.torch import backend
 
-    dev = _backend_device(rank)
+    dev = _backend_device(rank)  # DEVICE's current GPU, so _net and _batch land there
     out: Dict[str, Any] = {}
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).replace("torch.", "")
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-        net = net.to(dev, dtype)
-        twin = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-        twin.load_state_dict(net.state_dict())
-        twin = twin.to(dev, dtype)
+        net = _net(0).to(dtype)
+        twin = copy.deepcopy(net)
         ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
         before = backend.compression_stats()
         for model in (ddp, twin):
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             for step in range(4):
                 opt.zero_grad()
-                x = torch.Generator(device=dev).manual_seed(1000 * step + rank)
-                batch = torch.randn(32, 256, device=dev, generator=x).to(dtype)
-                model(batch).float().square().mean().backward()
+                model(_batch(rank, step).to(dtype)).float().square().mean().backward()
                 opt.step()
             if world > 1:
                 break  # the twin compares only where the backend is exact
@@ -342,14 +337,6 @@ def _backend_ddp(rank: int, world: int) -> Dict[str, Any]:
     return out
 
 
-def backend_ddp_1rank(rank: int, world: int) -> Dict[str, Any]:
-    return _backend_ddp(rank, world)
-
-
-def backend_ddp_2gpus(rank: int, world: int) -> Dict[str, Any]:
-    return _backend_ddp(rank, world)
-
-
 # The gradzip backend's policy in its checks: the default codec, every tensor
 # of the check's small model compressed, one algorithm on both transports (so
 # that device and host bits can be compared).
@@ -364,14 +351,12 @@ CHECKS: Dict[str, tuple] = {
     "cadamw_nccl_1rank": (cadamw_nccl_1rank, 1),
     "ddp_hook_bf16_ucx_2ranks": (ddp_hook_bf16_ucx, 2),
     # (fn, ranks, backend, environment, GPUs it needs)
-    "backend_ddp_1rank": (backend_ddp_1rank, 1, "cpu:gradzip,cuda:gradzip", _BACKEND_ENV, 1),
-    "backend_ddp_2gpus": (backend_ddp_2gpus, 2, "cpu:gradzip,cuda:gradzip", _BACKEND_ENV, 2),
+    "backend_ddp_1rank": (_backend_ddp, 1, "cpu:gradzip,cuda:gradzip", _BACKEND_ENV, 1),
+    "backend_ddp_2gpus": (_backend_ddp, 2, "cpu:gradzip,cuda:gradzip", _BACKEND_ENV, 2),
 }
 
 
-def run_check(fn: Callable, world: int, backend: str = "gloo", env: Optional[Dict[str, str]] = None,
-              gpus: int = 0) -> Dict[str, Any]:
-    del gpus  # checked by the caller
+def run_check(fn: Callable, world: int, backend: str = "gloo", env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     start = time.monotonic()
     try:
         values = run_ranks(fn, world, timeout=150, backend=backend, env=env)
@@ -406,27 +391,26 @@ def main(argv: List[str]) -> int:
         results = {name: {"verdict": "SKIP", "detail": "no CUDA device", "seconds": 0} for name in chosen}
     else:
         for name in chosen:
-            fn, world, *rest = CHECKS[name]
+            fn, world, backend, env, gpus = (*CHECKS[name], "gloo", None, 0)[:5]
             if DEVICE == "cpu" and "nccl" in name:
                 results[name] = {"verdict": "SKIP", "detail": "NCCL needs a GPU", "seconds": 0}
                 continue
-            gpus = rest[2] if len(rest) > 2 else 0
             if DEVICE == "cuda" and gpus > torch.cuda.device_count():
-                results[name] = {"verdict": "SKIP", "seconds": 0,
+                results[name] = {"verdict": "SKIP", "seconds": 0, "needs_gpus": gpus,
                                  "detail": f"needs {gpus} GPUs (NCCL: a GPU per rank), this machine has "
                                            f"{torch.cuda.device_count()}"}
                 print(f"SKIP {name}: {results[name]['detail']}", flush=True)
                 continue
-            results[name] = run_check(fn, world, *rest)
+            results[name] = run_check(fn, world, backend, env)
             r = results[name]
             print(f"{r['verdict']} {name} ({r['seconds']} s): {r['detail']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     # On the GPU a skip fails the run, except a check that needs more GPUs
-    # than the machine has (it says so in its detail).
+    # than the machine has.
     def passed(r: Dict[str, Any]) -> bool:
-        return r["verdict"] == "PASS" or (r["verdict"] == "SKIP" and (DEVICE == "cpu" or "GPUs" in r["detail"]))
+        return r["verdict"] == "PASS" or (r["verdict"] == "SKIP" and (DEVICE == "cpu" or "needs_gpus" in r))
 
     return 0 if all(passed(r) for r in results.values()) else 1
 

@@ -71,6 +71,9 @@ __all__ = ["NAME", "Policy", "ProcessGroupGradzip", "Work", "compression_stats",
 logger = logging.getLogger(__name__)
 
 NAME = "gradzip"
+# gradzip's own transport for the group's CUDA tensors: the one the registry
+# names for NCCL groups (comm/transports/registry.h).
+_CUDA_TRANSPORT = _core.transport_for_torch_backend("nccl")
 _STATE_VERSION = 1
 _default_policy: Optional[Policy] = None
 
@@ -418,9 +421,9 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         if not t.is_contiguous() or t.device.type not in ("cpu", "cuda"):
             return None
         codec = self.policy.codec_for(t)
-        if codec is not None and t.is_cuda and not _core.transport_available(_core.transport_for_torch_backend("nccl")):
-            _warn_once(f"gradzip backend: this build has no {_core.transport_for_torch_backend('nccl')} transport; "
-                       "CUDA all_reduces stay exact (NCCL)")
+        if codec is not None and t.is_cuda and not _core.transport_available(_CUDA_TRANSPORT):
+            _warn_once(f"gradzip backend: this build has no {_CUDA_TRANSPORT} transport; CUDA all_reduces stay exact "
+                       "(NCCL)")
             return None
         return codec
 
@@ -511,7 +514,7 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         # CPU: the engine's exchanges are this group's gloo point-to-point
         # calls (tagged). CUDA: gradzip's own NCCL communicator, so that the
         # group's NCCL communicator only sees torch's calls in program order.
-        transport = "torch" if kind == "cpu" else _core.transport_for_torch_backend("nccl")
+        transport = "torch" if kind == "cpu" else _CUDA_TRANSPORT
         return gradzip.Communicator.from_torch(self, transport=transport, timeout=self._timeout_s)
 
     def _drain(self) -> None:
