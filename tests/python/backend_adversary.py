@@ -115,6 +115,11 @@ def main() -> None:
             deadline = time.monotonic() + 60
             while not os.path.exists(flag) and time.monotonic() < deadline:
                 time.sleep(0.01)
+            # Rank 0, already waiting for this rank's record, reads the forged
+            # one before this rank's own write replaces it: without the pause
+            # a loaded machine let rank 1 write first (a fresh-clone CI saw
+            # both ranks report the genuine mismatch instead).
+            time.sleep(1.0)
             agree(*args)
 
         backend._agree = late
