@@ -50,10 +50,10 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import _backend_method
+from . import _backend_method, _tune
 from ._digits_method import Method, Settings
 
 DEFAULT_METHODS = [
@@ -87,6 +87,7 @@ class Result:
     fp32_bytes_per_step: float
     seconds: float
     extra: Dict[str, Any] = field(default_factory=dict)
+    lr: float = 0.0               # SGD's learning rate for this run
 
 
 def _data(seed_split: int = 0):
@@ -273,23 +274,30 @@ def _train_one(method: str, seed: int, settings: Settings, data) -> Result:
     dist.all_gather(everyone, flat)
     extra["identical_on_all_ranks"] = all(torch.equal(everyone[0], e) for e in everyone)
     return Result(method, seed, ranks, step, final, loss_sum / max(loss_n, 1), payload, wire, fp32,
-                  seconds, extra)
+                  seconds, extra, settings.lr)
 
 
-def _train_all(methods: Sequence[str], seeds: Sequence[int], settings: Settings) -> List[Dict[str, Any]]:
-    """Every (seed, method), in the initialised process group; progress on rank 0's stderr."""
+def _train_all(methods: Sequence[str], seeds: Sequence[int], settings: Settings,
+               runs: Optional[Sequence[Tuple[str, int, float]]] = None,
+               records: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Every (seed, method), or every (method, seed, learning rate) of `runs`, in the
+    initialised process group; progress on rank 0's stderr, and each run's record
+    (with its settings) appended to `records` (JSON lines) as it ends."""
     import torch.distributed as dist
 
     data = _data()
     results = []
-    for seed in seeds:
-        for method in methods:
-            results.append(asdict(_train_one(method, seed, settings, data)))
-            if dist.get_rank() == 0:
-                r = results[-1]
-                print(f"  seed {seed} {method:<28} acc {r['test_accuracy']:.4f} "
-                      f"payload {r['payload_bytes_per_step']:.0f} B/step ({r['seconds']:.1f} s)",
-                      file=sys.stderr, flush=True)
+    for method, seed, lr in runs if runs is not None else [(m, s, settings.lr) for s in seeds for m in methods]:
+        run_settings = replace(settings, lr=lr)
+        results.append(asdict(_train_one(method, seed, run_settings, data)))
+        if dist.get_rank() == 0:
+            r = results[-1]
+            print(f"  seed {seed} lr {lr:.4g} {method:<28} acc {r['test_accuracy']:.4f} "
+                  f"payload {r['payload_bytes_per_step']:.0f} B/step ({r['seconds']:.1f} s)",
+                  file=sys.stderr, flush=True)
+            if records:
+                with open(records, "a") as f:
+                    f.write(json.dumps({**r, "settings": asdict(run_settings)}) + "\n")
     return results
 
 
@@ -309,24 +317,25 @@ def _in_group(rank: int, ranks: int, settings: Settings, body: Callable[[], Any]
 
 
 def _worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Sequence[int],
-            settings: Settings, out_path: str) -> None:
+            settings: Settings, runs: Optional[Sequence[Tuple[str, int, float]]], records: Optional[str],
+            out_path: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks))
-    results = _in_group(rank, ranks, settings, lambda: _train_all(methods, seeds, settings))
+    results = _in_group(rank, ranks, settings, lambda: _train_all(methods, seeds, settings, runs, records))
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
 
 
-def run_launched(methods: Sequence[str], seeds: Sequence[int] = (0,),
-                 settings: Optional[Settings] = None) -> Optional[List[Dict[str, Any]]]:
+def run_launched(methods: Sequence[str], seeds: Sequence[int] = (0,), settings: Optional[Settings] = None,
+                 runs: Optional[Sequence[Tuple[str, int, float]]] = None) -> Optional[List[Dict[str, Any]]]:
     """Like :func:`run`, as one rank of a job that a launcher started
     (torchrun, gradzip-run: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the
     environment), e.g. on gradzip-run's emulated links. Returns the records on
     rank 0, None on the others."""
     settings = settings or Settings()
     rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    results = _in_group(rank, ranks, settings, lambda: _train_all(methods, seeds, settings))
+    results = _in_group(rank, ranks, settings, lambda: _train_all(methods, seeds, settings, runs))
     return results if rank == 0 else None
 
 
@@ -346,19 +355,25 @@ def run(methods: Optional[Sequence[str]] = None, seeds: Sequence[int] = (0,), ra
     """
     settings = settings or Settings()
     methods = default_methods() if methods is None else list(methods)
-    return _run_ranks(_worker, "digits", ranks, methods, seeds, settings, timeout)
+    return _run_ranks(_worker, "digits", ranks, (list(methods), list(seeds), settings, None, None), timeout)
 
 
-def _run_ranks(worker: Any, name: str, ranks: int, methods: Sequence[str], seeds: Sequence[int], settings: Any,
-               timeout: float) -> List[Dict[str, Any]]:
-    """Runs ``worker(rank, ranks, port, methods, seeds, settings, out_path)`` on
-    `ranks` spawned processes (an experiment's ranks) and returns the JSON list
-    they leave in out_path; TimeoutError after `timeout` s (the ranks are killed)."""
+def run_list(runs: Sequence[Tuple[str, int, float]], ranks: int = 4, settings: Optional[Settings] = None,
+             timeout: float = 3600.0, records: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Trains each (method, seed, learning rate) in one launch of `ranks` local CPU
+    processes; `records`: see _train_all."""
+    return _run_ranks(_worker, "digits", ranks, ([], [], settings or Settings(), list(runs), records), timeout)
+
+
+def _run_ranks(worker: Any, name: str, ranks: int, args: Sequence[Any], timeout: float) -> List[Dict[str, Any]]:
+    """Runs ``worker(rank, ranks, port, *args, out_path)`` on `ranks` spawned
+    processes (an experiment's ranks) and returns the JSON list they leave in
+    out_path; TimeoutError after `timeout` s (the ranks are killed)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "results.json")
-        ctx = mp.start_processes(worker, args=(ranks, _free_port(), list(methods), list(seeds), settings, out_path),
+        ctx = mp.start_processes(worker, args=(ranks, _free_port(), *args, out_path),
                                  nprocs=ranks, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
@@ -375,14 +390,14 @@ def _run_ranks(worker: Any, name: str, ranks: int, methods: Sequence[str], seeds
 
 def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per method: accuracy per seed and mean, difference to fp32 (points), bytes and ratios."""
-    methods = list(dict.fromkeys(r["method"] for r in results))
-    base_acc = {(r["method"], r["seed"]): r["test_accuracy"] for r in results}
+    keys = list(dict.fromkeys((r["method"], r.get("lr")) for r in results))
+    base_acc = {(r["method"], r["seed"], r.get("lr")): r["test_accuracy"] for r in results}
     rows = []
-    for m in methods:
-        rs = [r for r in results if r["method"] == m]
+    for m, lr in keys:
+        rs = [r for r in results if r["method"] == m and r.get("lr") == lr]
         accs = [r["test_accuracy"] for r in rs]
-        deltas = [100 * (r["test_accuracy"] - base_acc[baseline(m), r["seed"]]) for r in rs
-                  if (baseline(m), r["seed"]) in base_acc]
+        deltas = [100 * (r["test_accuracy"] - base_acc[baseline(m), r["seed"], lr]) for r in rs
+                  if (baseline(m), r["seed"], lr) in base_acc]
         payload = statistics.mean(r["payload_bytes_per_step"] for r in rs)
         wire = statistics.mean(r["wire_bytes_per_step"] for r in rs)
         fp32 = rs[0]["fp32_bytes_per_step"]
@@ -391,6 +406,7 @@ def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         fp32_wire = rs[0]["extra"].get("fp32_wire_bytes_per_step", fp32 * 2 * (rs[0]["ranks"] - 1) / rs[0]["ranks"])
         rows.append({
             "method": m,
+            "lr": lr,
             "seeds": [r["seed"] for r in rs],
             "accuracy": accs,
             "accuracy_mean": statistics.mean(accs),
@@ -409,7 +425,7 @@ def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def describe(settings: Settings, ranks: int, seeds: Sequence[int]) -> str:
     """The experiment's settings in one sentence (above its tables)."""
     return (f"Digits MLP (64-{settings.hidden}-{settings.hidden}-10), {ranks} CPU ranks (gloo), "
-            f"{settings.epochs} epochs, batch {settings.batch_per_rank}/rank, SGD lr {settings.lr} "
+            f"{settings.epochs} epochs, batch {settings.batch_per_rank}/rank, SGD "
             f"momentum {settings.momentum}; seeds {', '.join(map(str, seeds))}.")
 
 
@@ -418,18 +434,21 @@ def per_seed(accuracies: Sequence[float]) -> str:
 
 
 def markdown(rows: List[Dict[str, Any]], ranks: int, settings: Settings) -> str:
+    several = len({r.get("lr") for r in rows}) > 1
     lines = [
-        describe(settings, ranks, rows[0]["seeds"]),
+        describe(settings, ranks, rows[0]["seeds"]) + (" With several learning rates, each row is against fp32 at "
+                                                       "the same rate, not tuned (--tune compares with fp32 at its "
+                                                       "best)." if several else ""),
         "",
-        "| method | test accuracy (per seed) | mean | vs fp32 (DDP or FSDP), worst seed (points) "
+        "| method | lr | test accuracy (per seed) | mean | vs fp32 (DDP or FSDP), worst seed (points) "
         "| payload B/step | payload ratio | wire B/step | wire ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         accs = per_seed(r["accuracy"])
         delta = "" if r["method"] == baseline(r["method"]) else f"{r['delta_points_worst']:+.2f}"
         lines.append(
-            f"| {r['method']} | {accs} | {100 * r['accuracy_mean']:.2f} | {delta} | "
+            f"| {r['method']} | {r.get('lr') or settings.lr:g} | {accs} | {100 * r['accuracy_mean']:.2f} | {delta} | "
             f"{r['payload_bytes_per_step']:,.0f} | {r['payload_ratio']:.1f}x | "
             f"{r['wire_bytes_per_step']:,.0f} | {r['wire_ratio']:.1f}x |")
     return "\n".join(lines) + "\n"
@@ -453,6 +472,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="record the test accuracy of the shared model every N steps when it changed "
                          "(extra.curve in the JSON); 0: only at the end")
     ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--lr", default=f"{Settings.lr:g}",
+                    help="SGD's learning rate; a comma-separated list (every method at every rate) or "
+                         "grid:CENTER[:POINTS] (POINTS rates a factor 2 apart, default 5)")
+    ap.add_argument("--tune", action="store_true",
+                    help="every method over the --lr grid on the first seed (a best at the grid's edge widens it), "
+                         "then every seed at each method's best and at fp32's best; tables against fp32 at its "
+                         "best learning rate (gradzip.experiments._tune)")
+    ap.add_argument("--records", help="with --tune: every finished run, one JSON line each; a rerun with the same "
+                                      "file trains only what it lacks")
+    ap.add_argument("--max-widen", type=int, default=3, help="with --tune: most points added past an edge")
     ap.add_argument("--launched", action="store_true",
                     help="be one rank of a job a launcher started (torchrun, gradzip-run): ranks and rendezvous "
                          "from the environment, --ranks ignored; rank 0 writes the outputs")
@@ -460,14 +489,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     methods = default_methods() if args.methods is None else _split_methods(args.methods)
     seeds = [int(s) for s in args.seeds.split(",")]
-    settings = Settings(epochs=args.epochs, eval_every=args.eval_every, batch_per_rank=args.batch)
+    try:
+        lrs = _tune.parse_lrs(args.lr)
+    except ValueError as e:
+        raise SystemExit(f"digits: {e}") from None
+    settings = Settings(epochs=args.epochs, eval_every=args.eval_every, batch_per_rank=args.batch, lr=lrs[0])
+    if args.tune:
+        if args.launched:
+            raise SystemExit("digits: --tune starts its own ranks; it does not run --launched")
+        return _tune_main(args, methods, lrs, seeds, settings)
+    runs = [(m, s, lr) for s in seeds for m in methods for lr in lrs]
     if args.launched:
-        launched = run_launched(methods, seeds, settings)
+        launched = run_launched(methods, seeds, settings, runs)
         if launched is None:
             return 0
         results, args.ranks = launched, launched[0]["ranks"]
     else:
-        results = run(methods, seeds, args.ranks, settings, args.timeout)
+        results = run_list(runs, args.ranks, settings, args.timeout)
     rows = summarize(results)
     table = markdown(rows, args.ranks, settings)
     print(table)
@@ -478,6 +516,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)
+    return 0
+
+
+def _tune_main(args: argparse.Namespace, methods: List[str], lrs: List[float], seeds: List[int],
+               settings: Settings) -> int:
+    """--tune: the protocol of gradzip.experiments._tune against fp32, then its tables."""
+    if "fp32" not in methods:
+        raise SystemExit("digits --tune: the methods need fp32 (every comparison is against it at its best rate)")
+
+    def train(runs: List[Tuple[str, int, float]]) -> List[Dict[str, Any]]:
+        return run_list(runs, args.ranks, settings, args.timeout, records=args.records)
+
+    tuned = _tune.tune(methods, lrs, seeds, train, _tune.ACCURACY, asdict(settings), args.records,
+                       max_widen=args.max_widen, log=lambda line: print(line, file=sys.stderr, flush=True))
+
+    def ratio(r: _tune.Row) -> str:
+        return f"{summarize([r.record])[0]['wire_ratio']:.1f}x"
+
+    text = describe(settings, args.ranks, seeds) + "\n\n" + tuned.markdown([("wire ratio vs fp32 DDP", ratio)])
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": asdict(settings), "ranks": args.ranks, "methods": methods, **tuned.summary(),
+                       "records": tuned.t.records.all()}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text)
     return 0
 
 

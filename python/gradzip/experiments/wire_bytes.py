@@ -165,7 +165,7 @@ def exchange_row(ranks: int, n: int, timeout: float) -> Dict[str, Any]:
 
     from .digits import _run_ranks
 
-    every = _run_ranks(_exchange_worker, "wire_bytes", ranks, [], [0], n, timeout)
+    every = _run_ranks(_exchange_worker, "wire_bytes", ranks, ([], [0], n), timeout)
     bound = 2 * (ranks - 1) / ranks * gradzip.Codec("onebit").max_payload_bytes(n)
     formula = [gradzip.algorithm_wire_cost("scatter_reduce", "onebit", n, ranks, r, server_codec="onebit")["bytes"]
                for r in range(ranks)]
@@ -231,7 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     settings = lm.Settings(steps=a.steps, width=a.width, eval_every=0)
     methods = lm.split_methods(a.methods) if ";" not in a.methods else [m for m in a.methods.split(";") if m]
-    results = _run_ranks(_worker, "wire_bytes", a.ranks, methods, [0], settings, a.timeout)
+    results = _run_ranks(_worker, "wire_bytes", a.ranks, (methods, [0], settings), a.timeout)
     rows = summarize(results)
     if a.json:
         with open(a.json, "w") as f:

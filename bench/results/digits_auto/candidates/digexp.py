@@ -94,7 +94,7 @@ def main():
     methods = args.methods.split(";")
     seeds = [int(s) for s in args.seeds.split(",")]
     settings = D.Settings(batch_per_rank=args.batch, eval_every=args.eval_every)
-    results = D._run_ranks(worker, "digits", args.ranks, methods, seeds, settings, 7200)
+    results = D._run_ranks(worker, "digits", args.ranks, (methods, seeds, settings), 7200)
     rows = D.summarize(results)
     print(D.markdown(rows, args.ranks, settings))
     if args.json:

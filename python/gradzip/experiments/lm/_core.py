@@ -8,7 +8,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import _backend_method
@@ -56,6 +56,7 @@ class Result:
     extra: Dict[str, Any] = field(default_factory=dict)
     # Rank 0's training seconds (evaluations left out) at each point of `curve`: time to accuracy.
     curve_seconds: List[float] = field(default_factory=list)
+    lr: float = 0.0               # the peak learning rate the run used
 
 
 # -- data -----------------------------------------------------------------------
@@ -418,32 +419,44 @@ def train_one(method: str, seed: int, settings: Settings, corpus: Corpus) -> Res
     dense = 4.0 * flat.numel()
     return Result(method, seed, ranks, settings.steps, final, loss_sum / max(loss_n, 1),
                   float(m.wire_bytes(settings.steps)), 2.0 * (ranks - 1) / ranks * dense * settings.steps,
-                  seconds, curve, extra, curve_seconds)
+                  seconds, curve, extra, curve_seconds, settings.lr)
 
 
-def _train_all(methods: Sequence[str], seeds: Sequence[int], settings: Settings) -> List[Dict[str, Any]]:
+def _train_all(runs: Sequence[Tuple[str, int, Optional[float]]], settings: Settings,
+               records: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Every (method, seed, learning rate) of `runs` in order (None: settings.lr); rank 0
+    appends each run's record, with its settings, to `records` (JSON lines) as it ends."""
     import torch.distributed as dist
 
     corpus = Corpus(settings)
     out = []
-    for seed in seeds:
-        for method in methods:
-            r = asdict(train_one(method, seed, settings, corpus))
-            out.append(r)
-            if dist.get_rank() == 0:
-                print(f"  seed {seed} {method:<36} val {r['val_loss']:.4f} wire {r['fp32_wire_bytes'] / r['wire_bytes']:.1f}x "
-                      f"fewer ({r['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    for method, seed, lr in runs:
+        run_settings = settings if lr is None else replace(settings, lr=lr)
+        r = asdict(train_one(method, seed, run_settings, corpus))
+        out.append(r)
+        if dist.get_rank() == 0:
+            print(f"  seed {seed} lr {run_settings.lr:.4g} {method:<36} val {r['val_loss']:.4f} wire "
+                  f"{r['fp32_wire_bytes'] / r['wire_bytes']:.1f}x fewer ({r['seconds']:.0f} s)", file=sys.stderr,
+                  flush=True)
+            if records:
+                with open(records, "a") as f:
+                    f.write(json.dumps({**r, "settings": asdict(run_settings)}) + "\n")
     return out
 
 
-def _worker(rank: int, ranks: int, port: int, methods: Sequence[str], seeds: Sequence[int],
-            settings: Settings, out_path: str) -> None:
+def runs_of(methods: Sequence[str], seeds: Sequence[int]) -> List[Tuple[str, int, Optional[float]]]:
+    """Every method with every seed (seed by seed) at the settings' learning rate."""
+    return [(m, s, None) for s in seeds for m in methods]
+
+
+def _worker(rank: int, ranks: int, port: int, runs: Sequence[Tuple[str, int, Optional[float]]],
+            settings: Settings, records: Optional[str], out_path: str) -> None:
     from ..digits import Settings as DigitsSettings, _in_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ranks),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks))
     group_settings = DigitsSettings(threads_per_rank=settings.threads_per_rank)
-    results = _in_group(rank, ranks, group_settings, lambda: _train_all(methods, seeds, settings))
+    results = _in_group(rank, ranks, group_settings, lambda: _train_all(runs, settings, records))
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -453,23 +466,36 @@ def run(methods: Sequence[str], seeds: Sequence[int] = (0,), ranks: int = 4, set
         timeout: float = 3600.0) -> List[Dict[str, Any]]:
     """Trains every method with every seed on `ranks` local CPU processes; one
     dict per (seed, method) (the fields of :class:`Result`)."""
+    return run_list(runs_of(methods, seeds), ranks, settings, timeout)
+
+
+def run_list(runs: Sequence[Tuple[str, int, Optional[float]]], ranks: int = 4, settings: Optional[Settings] = None,
+             timeout: float = 3600.0, records: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Trains each (method, seed, peak learning rate or None for the settings') in
+    one launch of `ranks` local CPU processes; `records`: see _train_all."""
     from ..digits import _run_ranks
 
-    return _run_ranks(_worker, "lm", ranks, methods, seeds, settings or Settings(), timeout)
+    return _run_ranks(_worker, "lm", ranks, (list(runs), settings or Settings(), records), timeout)
 
 
 def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per method: mean final validation loss, % vs fp32 (same seeds), wire ratio, time."""
+    """One row per (method, learning rate): mean final validation loss, % vs fp32 on the
+    same seeds (fp32 at the same learning rate, or at its one rate when it ran at one
+    only), wire ratio, time."""
     import statistics
 
-    methods = list(dict.fromkeys(r["method"] for r in results))
-    base = {r["seed"]: r["val_loss"] for r in results if r["method"] == "fp32"}
+    keys = list(dict.fromkeys((r["method"], r.get("lr")) for r in results))
+    fp32 = [r for r in results if r["method"] == "fp32"]
+    one_rate = len({r.get("lr") for r in fp32}) == 1
+    base = {(r["seed"], None if one_rate else r.get("lr")): r["val_loss"] for r in fp32}
     rows = []
-    for m in methods:
-        rs = [r for r in results if r["method"] == m]
-        deltas = [100.0 * (r["val_loss"] / base[r["seed"]] - 1.0) for r in rs if r["seed"] in base]
+    for m, lr in keys:
+        rs = [r for r in results if r["method"] == m and r.get("lr") == lr]
+        at = [(r, base.get((r["seed"], None if one_rate else lr))) for r in rs]
+        deltas = [100.0 * (r["val_loss"] / b - 1.0) for r, b in at if b is not None]
         rows.append({
             "method": m,
+            "lr": lr,
             "ranks": rs[0]["ranks"],
             "val_loss": statistics.mean(r["val_loss"] for r in rs),
             "vs_fp32_percent": statistics.mean(deltas) if deltas else math.nan,
@@ -483,28 +509,80 @@ def summarize(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
-def describe(rows: List[Dict[str, Any]], settings: Settings, seeds: Sequence[int]) -> str:
-    """The run's settings in one sentence (above its tables)."""
-    r0 = rows[0]
+def describe_settings(settings: Settings, ranks: int, seeds: Sequence[int], parameters: Optional[int] = None,
+                      text_: Optional[str] = None) -> str:
+    """The run's settings in one sentence (above its tables); the learning rate is each run's."""
     where = "CPU ranks" if settings.device == "cpu" else f"ranks on {settings.device}"
-    return (f"Char-level GPT ({r0['extra'].get('parameters', 0):,} parameters: {settings.layers} layers, width "
-            f"{settings.width}, context {settings.context}) on {r0['extra'].get('text')}, {r0['ranks']} {where} "
-            f"(gloo), {settings.steps} steps, batch {settings.batch_per_rank}x{settings.context}/rank, AdamW lr "
-            f"{settings.lr:g} wd {settings.weight_decay:g}; seeds {', '.join(map(str, seeds))}.")
+    size = f"{parameters:,} parameters: " if parameters else ""
+    return (f"Char-level GPT ({size}{settings.layers} layers, width {settings.width}, context {settings.context})"
+            f"{' on ' + text_ if text_ else ''}, {ranks} {where} (gloo), {settings.steps} steps, batch "
+            f"{settings.batch_per_rank}x{settings.context}/rank, AdamW (warm-up {settings.lr_warmup} steps, cosine "
+            f"to a tenth of the peak) wd {settings.weight_decay:g}; seeds {', '.join(map(str, seeds))}.")
+
+
+def describe(rows: List[Dict[str, Any]], settings: Settings, seeds: Sequence[int]) -> str:
+    """describe_settings with the parameter count, the text and the peak learning rate(s) of `rows`."""
+    r0 = rows[0]
+    lrs = sorted({r["lr"] for r in rows if r.get("lr")}) or [settings.lr]
+    return (describe_settings(settings, r0["ranks"], seeds, r0["extra"].get("parameters"), r0["extra"].get("text"))
+            + f" Peak lr {', '.join(f'{lr:g}' for lr in lrs)}.")
 
 
 def markdown(rows: List[Dict[str, Any]], settings: Settings, seeds: Sequence[int]) -> str:
+    several = len({r.get("lr") for r in rows}) > 1
     lines = [
-        describe(rows, settings, seeds),
+        describe(rows, settings, seeds) + (" vs fp32: fp32 at the same learning rate, not tuned (--tune compares "
+                                           "with fp32 at its best)." if several else ""),
         "",
-        "| method | val loss | vs fp32 | wire ratio vs fp32 DDP | wire MB/rank | s | ranks identical |",
-        "|---|---|---|---|---|---|---|",
+        "| method | lr | val loss | vs fp32 | wire ratio vs fp32 DDP | wire MB/rank | s | ranks identical |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         delta = "" if r["method"] == "fp32" else f"{r['vs_fp32_percent']:+.2f}%"
-        lines.append(f"| {r['method']} | {r['val_loss']:.4f} | {delta} | {r['wire_ratio']:.1f}x | "
-                     f"{r['wire_bytes'] / 1e6:.1f} | {r['seconds']:.0f} | {r['identical_on_all_ranks']} |")
+        lines.append(f"| {r['method']} | {r['lr'] or settings.lr:g} | {r['val_loss']:.4f} | {delta} | "
+                     f"{r['wire_ratio']:.1f}x | {r['wire_bytes'] / 1e6:.1f} | {r['seconds']:.0f} | "
+                     f"{r['identical_on_all_ranks']} |")
     return "\n".join(lines) + "\n"
+
+
+def plateau(records: Sequence[Dict[str, Any]]) -> float:
+    """How much the validation loss fell over the last 20% of the steps, in % of the final
+    loss (from the evaluation at or just before 80% of the steps), mean over `records`."""
+    import statistics
+
+    out = []
+    for r in records:
+        at = 0.8 * r["steps"]
+        before = [loss for step, loss in r["curve"] if step <= at]
+        if not before:
+            raise ValueError(f"{r['method']} seed {r['seed']}: no evaluation before 80% of the steps (--eval-every)")
+        out.append(100.0 * (before[-1] / r["val_loss"] - 1.0))
+    return statistics.mean(out)
+
+
+def tune_plot(tuned: Any, path: str) -> None:
+    """Final validation loss against the peak learning rate (first seed), one line per method;
+    the other seeds as dots at each method's best."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in tuned.t.methods:
+        lrs, losses = zip(*tuned.grid_values(m))
+        line, = ax.plot(lrs, losses, marker="o", label=m)
+        best = tuned.best[m]
+        ax.scatter([best] * len(tuned.seeds), tuned.values(m, best), color=line.get_color(), s=12, zorder=3)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("final validation loss (nats/char)")
+    ax.set_title("learning-rate grid (lines: first seed; dots: every seed at the best)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot(results: List[Dict[str, Any]], path: str) -> None:
@@ -556,4 +634,5 @@ def settings_args(settings: Settings) -> List[str]:
     """The command-line flags that give `settings` back through settings_of (a launched rank's)."""
     return ["--steps", str(settings.steps), "--batch", str(settings.batch_per_rank), "--eval-every",
             str(settings.eval_every), "--width", str(settings.width), "--layers", str(settings.layers),
-            "--heads", str(settings.heads), "--context", str(settings.context), "--device", settings.device]
+            "--heads", str(settings.heads), "--context", str(settings.context), "--device", settings.device,
+            "--eval-sequences", str(settings.eval_sequences), "--lr-warmup", str(settings.lr_warmup)]

@@ -183,7 +183,7 @@ def plot(links: List[Dict[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
-def run_launched(methods: Sequence[str], seeds: Sequence[int], settings: lm.Settings,
+def run_launched(runs: Sequence[Tuple[str, int, Optional[float]]], settings: lm.Settings,
                  exchange_steps: int = 0) -> Optional[Dict[str, Any]]:
     """Like :func:`run`, as one rank of a job that a launcher started (gradzip-run,
     torchrun: rendezvous from the environment), e.g. on gradzip-run's emulated links.
@@ -195,7 +195,7 @@ def run_launched(methods: Sequence[str], seeds: Sequence[int], settings: lm.Sett
 
     def body() -> Dict[str, Any]:
         exchange = exchange_fraction(lm.Corpus(settings), settings, exchange_steps) if exchange_steps else None
-        return {"results": lm._train_all(methods, seeds, settings) if methods else [], "exchange": exchange}
+        return {"results": lm._train_all(runs, settings) if runs else [], "exchange": exchange}
 
     out = _in_group(rank, ranks, DigitsSettings(threads_per_rank=settings.threads_per_rank), body)
     return out if rank == 0 else None
@@ -204,7 +204,7 @@ def run_launched(methods: Sequence[str], seeds: Sequence[int], settings: lm.Sett
 # -- the jobs -------------------------------------------------------------------
 
 
-def launch(runner: str, link: str, methods: Sequence[str], seeds: Sequence[int], settings: lm.Settings,
+def launch(runner: str, link: str, runs: Sequence[Tuple[str, int, Optional[float]]], settings: lm.Settings,
            args: argparse.Namespace) -> Dict[str, Any]:
     """One gradzip-run job on `link`; returns rank 0's JSON ({"settings", "results", "exchange"})."""
     from ...sweep._process import stop as _stop
@@ -213,8 +213,8 @@ def launch(runner: str, link: str, methods: Sequence[str], seeds: Sequence[int],
         out = os.path.join(tmp, "out.json")
         cmd = [runner, "-n", str(args.ranks), "--grace", "10"] + ([] if link == LOCAL else ["--link", link])
         cmd += ["--", sys.executable, "-m", "gradzip.experiments.lm", "--launched", "--json", out,
-                "--seeds", ",".join(map(str, seeds)), "--exchange-steps", str(args.exchange_steps)]
-        cmd += ["--methods", ",".join(methods)] if methods else ["--exchange-only"]
+                "--exchange-steps", str(args.exchange_steps)]
+        cmd += ["--runs", json.dumps([list(r) for r in runs])] if runs else ["--exchange-only"]
         cmd += lm.settings_args(settings)
         print(f"lm: {' '.join(cmd)}", file=sys.stderr, flush=True)
         # The ranks' lines go to stderr (fd 2, whatever sys.stderr is): stdout keeps the table alone.
@@ -234,11 +234,27 @@ def launch(runner: str, link: str, methods: Sequence[str], seeds: Sequence[int],
             return json.load(f)
 
 
-def main(args: argparse.Namespace, settings: lm.Settings, seeds: Sequence[int]) -> int:
-    """lm.py --link: one job per link, then the tables, the JSON and the plot."""
+def tuned_rates(path: str, methods: Sequence[str]) -> Dict[str, float]:
+    """Each method's best peak learning rate from a ``--tune`` run's JSON (best_lr)."""
+    with open(path, encoding="utf-8") as f:
+        best = json.load(f).get("best_lr") or {}
+    missing = [m for m in methods if m not in best]
+    if missing:
+        raise SystemExit(f"lm --tuned {path}: no tuned learning rate for {', '.join(missing)} "
+                         f"(it has {', '.join(best) or 'none'})")
+    return {m: float(best[m]) for m in methods}
+
+
+def main(args: argparse.Namespace, settings: lm.Settings, seeds: Sequence[int],
+         lrs: Sequence[float] = ()) -> int:
+    """lm.py --link: one job per link, then the tables, the JSON and the plot. Each
+    method trains at its --tuned best learning rate, else at every --lr (one, usually)."""
     from ...sweep._registry import find_program
 
     methods = [] if args.exchange_only else lm.split_methods(args.methods or ",".join(TTA_METHODS))
+    rates = tuned_rates(args.tuned, methods) if getattr(args, "tuned", None) else None
+    runs = [(m, s, lr) for s in seeds for m in methods
+            for lr in ([rates[m]] if rates else (lrs or [settings.lr]))]
     if methods and "fp32" not in methods:
         print("lm --link: the methods need fp32 (its final validation loss is the target)", file=sys.stderr)
         return 2
@@ -253,7 +269,7 @@ def main(args: argparse.Namespace, settings: lm.Settings, seeds: Sequence[int]) 
         return 2
     links: List[Dict[str, Any]] = []
     for link in args.link:
-        data = launch(runner, link, methods, seeds, settings, args)
+        data = launch(runner, link, runs, settings, args)
         entry: Dict[str, Any] = {"link": link, "exchange": data["exchange"]}
         if methods:
             entry["summary"] = summarize(data["results"])
