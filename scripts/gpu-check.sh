@@ -19,8 +19,9 @@
 # memcheck and racecheck on a bounded subset; GPU kernel benchmarks against
 # device copy; 2 ranks with device buffers over UCX and NCCL on 1 rank; the
 # Python DDP hook, FSDP2, BlockMomentum, CompressedAdamW and the backend on
-# CUDA tensors; time to accuracy (fp32 DDP against CompressedAdamW, 2 ranks
-# on the GPU) and the 2-rank headline, both on emulated 1 and 10 Gbit/s links
+# CUDA tensors; time to accuracy (fp32 DDP against CompressedAdamW, each at
+# its best of a small learning-rate grid, 2 ranks on the GPU) on an emulated
+# 1 Gbit/s link and the 2-rank headline on emulated 1 and 10 Gbit/s links,
 # where network namespaces work, else over loopback. The whole check is held
 # under GZ_GPU_BUDGET_S (default 510 s, so that with the machine's start it
 # fits 10 minutes of device time; --quick: 225 s, build + GPU tests +
@@ -339,20 +340,27 @@ json.dump(rows, open(sys.argv[1], "w"), indent=1)' "$OUT/headline.json" "${files
   return $rc
 }
 
-# Time to accuracy (issue 33 item 4): 2 ranks share the GPU (a gloo group;
-# gloo's CUDA all-reduce for DDP, gradzip's staged exchange for the
-# optimizer), fp32 DDP against CompressedAdamW(codec="onebit") on the LM
-# experiment at 10.7M parameters (width 384, 6 layers), per link: the
-# exchange fraction, then each method's time to fp32's final loss.
+# Time to accuracy against a tuned fp32 (issue 33 item 4, issue 40 item 6):
+# 2 ranks share the GPU (a gloo group; gloo's CUDA all-reduce for DDP,
+# gradzip's staged exchange for the optimizer) on the LM experiment at 10.7M
+# parameters (width 384, 6 layers). First fp32 DDP and
+# CompressedAdamW(codec="onebit") over a small learning-rate grid (GZ_TTA_LRS,
+# 3 points a factor 2 apart, widened once where a best is at an edge; local
+# ranks, one seed), then, per link, the exchange fraction and each method's
+# time to the tuned fp32's final loss, each at its own best rate.
 # GZ_TTA_ARGS replaces the model and schedule (the dry run's tiny one).
 TTA_ARGS_DEFAULT="--width 384 --layers 6 --heads 6 --steps 150 --batch 16 --eval-every 10 --exchange-steps 10"
-tta() {  # $1: "--link" (1 and 10 Gbit/s) or "" (gradzip-run without emulated links)
-  local links=(--link 1gbit --link 10gbit) plot=()
+tta() {  # $1: "--link" (1 Gbit/s) or "" (gradzip-run without emulated links)
+  local links=(--link 1gbit) plot=() env=(PYTHONPATH="$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}" GRADZIP_BIN_DIR="$BUILD/bin")
   [[ -z "$1" ]] && links=(--link local)
   "$PYTHON" -c 'import matplotlib' 2>/dev/null && plot=(--plot "$OUT/tta.png")
   # shellcheck disable=SC2086  # the arguments' words, split on purpose
-  PYTHONPATH="$BUILD/pkg${PYTHONPATH:+:$PYTHONPATH}" GRADZIP_BIN_DIR="$BUILD/bin" "$PYTHON" -m gradzip.experiments.lm \
-    "${links[@]}" --ranks 2 --device "${TTA_DEVICE:-cuda}" --methods fp32,onebit@cm ${GZ_TTA_ARGS:-$TTA_ARGS_DEFAULT} \
+  env "${env[@]}" "$PYTHON" -m gradzip.experiments.lm --tune --ranks 2 --device "${TTA_DEVICE:-cuda}" \
+    --methods fp32,onebit@cm --lr "${GZ_TTA_LRS:-5e-4,1e-3,2e-3}" --seeds 0 --max-widen 1 \
+    ${GZ_TTA_ARGS:-$TTA_ARGS_DEFAULT} --timeout 120 --json "$BUILD/tune.json" --markdown "$BUILD/tune.md" || return
+  # shellcheck disable=SC2086
+  env "${env[@]}" "$PYTHON" -m gradzip.experiments.lm "${links[@]}" --ranks 2 --device "${TTA_DEVICE:-cuda}" \
+    --methods fp32,onebit@cm --tuned "$BUILD/tune.json" ${GZ_TTA_ARGS:-$TTA_ARGS_DEFAULT} \
     --timeout 120 --json "$OUT/tta.json" --markdown "$BUILD/tta.md" "${plot[@]}"
 }
 
@@ -451,9 +459,15 @@ for name, r in json.load(open(sys.argv[1])).items():
     print(f"- {name}: **{r['verdict']}** ({r['seconds']} s) {r['detail'][:300]}")
 EOF
     fi
+    if [[ -f "${BUILD:-}/tune.md" ]]; then
+      echo
+      echo "## Learning rates of the time-to-accuracy runs, 2 ranks on the GPU (local, one seed)"
+      echo
+      cat "$BUILD/tune.md"
+    fi
     if [[ -f "${BUILD:-}/tta.md" ]]; then
       echo
-      echo "## Time to accuracy, 2 ranks on the GPU ($TTA_TEXT)"
+      echo "## Time to accuracy against the tuned fp32, 2 ranks on the GPU ($TTA_TEXT)"
       echo
       cat "$BUILD/tta.md"
     fi
@@ -528,15 +542,15 @@ run_check() {
     why="$(why_no_netns)"
     # Time to accuracy before the headline: the headline's codec rows were
     # measured on an H200 before; a tight window spends its end on them.
-    local tta_note="fp32 DDP vs CompressedAdamW(onebit), LM of 10.7M parameters"
+    local tta_note="fp32 DDP vs CompressedAdamW(onebit) at their tuned learning rates, LM of 10.7M parameters"
     if [[ -z "$why" ]]; then
-      TTA_TEXT="emulated 1 and 10 Gbit/s links"
-      step tta 200 "$tta_note, $TTA_TEXT" -- tta --link
+      TTA_TEXT="an emulated 1 Gbit/s link"
+      step tta 220 "$tta_note, $TTA_TEXT" -- tta --link
       LINK_TEXT="emulated links (network namespaces + tc), 1 and 10 Gbit/s"
       step headline 150 "$LINK_TEXT" -- headline --link
     else
       TTA_TEXT="loopback, no emulated link ($why)"
-      step tta 120 "$tta_note, $TTA_TEXT" -- tta ""
+      step tta 160 "$tta_note, $TTA_TEXT" -- tta ""
       LINK_TEXT="loopback: no emulated link here ($why)"
       step headline 90 "$LINK_TEXT" -- headline ""
     fi
@@ -694,7 +708,7 @@ EOF
   ln -s "$build/bin" "$tta_out/bin"  # the step runs $BUILD/bin/gradzip-run
   if (BUILD="$tta_out" OUT="$tta_out" TTA_DEVICE=cpu \
       GZ_TTA_ARGS="--width 16 --layers 1 --heads 2 --context 16 --steps 4 --batch 2 --eval-every 2 --exchange-steps 1" \
-      tta "" >"$tta_out/log" 2>&1) && [[ -s "$tta_out/tta.json" && -s "$tta_out/tta.md" ]]; then
+      tta "" >"$tta_out/log" 2>&1) && [[ -s "$tta_out/tta.json" && -s "$tta_out/tta.md" && -s "$tta_out/tune.md" ]]; then
     echo "the tta step ran: $(grep -c '^| ' "$tta_out/tta.md") table rows"
   else
     tail -20 "$tta_out/log"

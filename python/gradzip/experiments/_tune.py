@@ -216,7 +216,7 @@ class Row:
     mean: float
     delta_mean: float             # vs the baseline's mean at its best (positive: worse)
     delta_worst: float            # the worst seed vs the baseline's same seed at its best
-    verdict: str                  # 'tie' (inside the baseline's spread), 'better', 'worse'
+    verdict: str                  # 'tie' (inside the baseline's spread), 'better', 'worse', 'one seed'
     record: Dict[str, Any]        # the first seed's record (bytes, extras)
 
 
@@ -255,7 +255,10 @@ class Tuned:
         mean = statistics.mean(vals)
         worst = max(self.metric.delta(v, b) for v, b in zip(vals, self.base_values))
         d = self.metric.delta(mean, self.base_mean)
-        verdict = "tie" if abs(d) <= self.spread else ("worse" if d > 0 else "better")
+        if len(self.seeds) < 2:
+            verdict = "one seed"  # no spread to judge by
+        else:  # a difference the tables print as 0.00 is no difference
+            verdict = "tie" if abs(d) <= max(self.spread, 0.005) else ("worse" if d > 0 else "better")
         return Row(method, lr, vals, mean, d, worst, verdict, self.record(method, self.seeds[0], lr))
 
     def summary(self) -> Dict[str, Any]:
@@ -299,7 +302,8 @@ class Tuned:
                 delta = "" if r.method == self.baseline else m.shown(r.delta_mean)
                 worst = "" if r.method == self.baseline else m.shown(r.delta_worst)
                 verdict = "" if r.method == self.baseline else {"tie": "tie", "worse": "no: worse",
-                                                                "better": "no: better"}[r.verdict]
+                                                                "better": "no: better",
+                                                                "one seed": "(one seed)"}[r.verdict]
                 out.append(f"| {r.method} | {lr_key(r.lr)} | " + " / ".join(fmt(v) for v in r.values)
                            + f" | {fmt(r.mean)} | {delta} | {worst} | {verdict} |"
                            + "".join(f" {cell(r)} |" for _, cell in extra_columns))
