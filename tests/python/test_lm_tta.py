@@ -66,7 +66,7 @@ def test_time_to_accuracy_needs_fp32():
 
 def test_the_launched_ranks_get_the_same_settings():
     s = lm.Settings(steps=7, batch_per_rank=3, eval_every=2, width=24, layers=2, heads=3, context=20, device="cuda",
-                    eval_sequences=9, lr_warmup=4)
+                    eval_sequences=9, lr_warmup=4, corpus="stdlib")
     assert lm.settings_of(lm.parser().parse_args(lm.settings_args(s))) == s
 
 

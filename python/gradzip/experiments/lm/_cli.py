@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence
 
 from . import _tta
 from .._tune import LOSS, Row, parse_lrs, tune
-from ._core import DEFAULT_METHODS, Settings, describe_settings, markdown, plateau, plot, run_list, split_methods, \
+from ._core import CORPORA, DEFAULT_METHODS, Settings, describe_settings, markdown, plateau, plot, run_list, split_methods, \
     summarize, tune_plot
 
 DESCRIPTION = ("Training quality at high compression on a transformer: a small GPT-style character-level language "
@@ -34,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-every", type=int, default=Settings.eval_every)
     ap.add_argument("--eval-sequences", type=int, default=Settings.eval_sequences,
                     help="validation windows of --context characters, spread over the validation text")
+    ap.add_argument("--corpus", default=Settings.corpus, choices=CORPORA,
+                    help="licenses: Debian's license texts (240 kB); stdlib: this Python's standard library "
+                         "(about 10 MB), for runs long enough to converge without seeing the text dozens of times")
     ap.add_argument("--lr-warmup", type=int, default=Settings.lr_warmup,
                     help="steps of linear warm-up to the peak learning rate (then cosine to a tenth of it)")
     ap.add_argument("--lr", default=f"{Settings.lr:g}",
@@ -69,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
 def settings_of(args: argparse.Namespace) -> Settings:
     return Settings(steps=args.steps, batch_per_rank=args.batch, eval_every=args.eval_every, width=args.width,
                     layers=args.layers, heads=args.heads, context=args.context, device=args.device,
-                    eval_sequences=args.eval_sequences, lr_warmup=args.lr_warmup)
+                    eval_sequences=args.eval_sequences, lr_warmup=args.lr_warmup, corpus=args.corpus)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -38,6 +38,7 @@ class Settings:
     eval_every: int = 50          # validation loss of the shared model every N steps (and at the end)
     eval_sequences: int = 64
     threads_per_rank: int = 1
+    corpus: str = "licenses"      # the text (text()): "licenses" (240 kB) or "stdlib" (about 10 MB of Python)
     device: str = "cpu"           # where the model and batches live (cuda: every rank on its current GPU)
 
 
@@ -62,22 +63,50 @@ class Result:
 # -- data -----------------------------------------------------------------------
 
 
-def text() -> Tuple[str, str, str]:
-    """(training text, validation text, what it is)."""
-    parts = []
-    for name in LICENSE_FILES:
-        path = os.path.join(LICENSES, name)
-        if not os.path.isfile(path):
-            parts = []
-            break
-        with open(path, encoding="utf-8", errors="replace") as f:
-            parts.append(f.read())
-    what = f"{LICENSES} ({len(parts)} texts)"
-    if not parts:
-        import pydoc_data.topics as topics
+CORPORA = ("licenses", "stdlib")
+# What "stdlib" leaves out of the standard library: tests, IDLE, 2to3, installed packages.
+STDLIB_SKIP = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "__pycache__"}
 
-        parts = [topics.topics[k] for k in sorted(topics.topics)]
-        what = f"pydoc_data.topics (Python {sys.version_info.major}.{sys.version_info.minor})"
+
+def text(corpus: str = "licenses") -> Tuple[str, str, str]:
+    """(training text, validation text, what it is); every file split 90/10.
+
+    licenses: Debian's license texts (about 240 kB; Python's pydoc_data.topics where
+    they are missing). A run long enough to converge sees them dozens of times over,
+    and the validation loss then depends on how each run overfits.
+    stdlib: the .py files of this interpreter's standard library (about 10 MB on
+    Python 3.11), non-ASCII characters as '?': a few million characters of training
+    text, so that a run of a few thousand steps sees each about once."""
+    parts = []
+    if corpus == "stdlib":
+        import sysconfig
+
+        root = sysconfig.get_paths()["stdlib"]
+        files = []
+        for here, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d not in STDLIB_SKIP and not d.startswith("config-"))
+            files += [os.path.join(here, n) for n in names if n.endswith(".py")]
+        for path in sorted(files, key=lambda f: os.path.relpath(f, root)):
+            with open(path, "rb") as f:
+                parts.append(f.read().decode("ascii", errors="replace").replace("\ufffd", "?"))
+        what = (f"the standard library of Python {sys.version_info.major}.{sys.version_info.minor}."
+                f"{sys.version_info.micro} ({root}: {len(parts)} files, {sum(map(len, parts)) / 1e6:.1f} MB)")
+    elif corpus == "licenses":
+        for name in LICENSE_FILES:
+            path = os.path.join(LICENSES, name)
+            if not os.path.isfile(path):
+                parts = []
+                break
+            with open(path, encoding="utf-8", errors="replace") as f:
+                parts.append(f.read())
+        what = f"{LICENSES} ({len(parts)} texts)"
+        if not parts:
+            import pydoc_data.topics as topics
+
+            parts = [topics.topics[k] for k in sorted(topics.topics)]
+            what = f"pydoc_data.topics (Python {sys.version_info.major}.{sys.version_info.minor})"
+    else:
+        raise ValueError(f"corpus {corpus!r}: one of {', '.join(CORPORA)}")
     train, val = [], []
     for p in parts:
         cut = int(len(p) * 0.9)
@@ -92,12 +121,14 @@ class Corpus:
     def __init__(self, settings: Settings) -> None:
         import torch
 
-        train, val, self.what = text()
+        train, val, self.what = text(settings.corpus)
         chars = sorted(set(train) | set(val))
-        index = {c: i for i, c in enumerate(chars)}
         self.vocab = len(chars)
-        self.train = torch.tensor([index[c] for c in train], dtype=torch.long)
-        self.val = torch.tensor([index[c] for c in val], dtype=torch.long)
+        # Character -> id through a table over the code points (millions of characters: no Python loop).
+        table = torch.zeros(max(map(ord, chars)) + 1, dtype=torch.long)
+        table[torch.tensor([ord(c) for c in chars])] = torch.arange(len(chars))
+        self.train, self.val = (table[torch.frombuffer(bytearray(t.encode("utf-32-le")), dtype=torch.int32).long()]
+                                for t in (train, val))
         self.settings = settings
         t = settings.context
         starts = torch.linspace(0, len(self.val) - t - 2, settings.eval_sequences).long()
@@ -635,4 +666,5 @@ def settings_args(settings: Settings) -> List[str]:
     return ["--steps", str(settings.steps), "--batch", str(settings.batch_per_rank), "--eval-every",
             str(settings.eval_every), "--width", str(settings.width), "--layers", str(settings.layers),
             "--heads", str(settings.heads), "--context", str(settings.context), "--device", settings.device,
-            "--eval-sequences", str(settings.eval_sequences), "--lr-warmup", str(settings.lr_warmup)]
+            "--eval-sequences", str(settings.eval_sequences), "--lr-warmup", str(settings.lr_warmup),
+            "--corpus", settings.corpus]
