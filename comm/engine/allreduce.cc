@@ -153,7 +153,10 @@ ErrorFeedback::Layout Run::check_state() const {
   l.algorithm = algo;
   std::tie(l.worker_count, l.server_count) =
       ErrorFeedback::residual_counts(codec.config(), o.n, me, P, algo, &topo);
-  if (st.layout_ && !(*st.layout_ == l))
+  // After regroup(): the same codec, buffer and collective at another place in another group.
+  const bool moved = st.regrouped_ && st.layout_ && st.layout_->codec == l.codec && st.layout_->n == l.n &&
+                     algorithm_descriptor(st.layout_->algorithm).allreduce == algorithm_descriptor(algo).allreduce;
+  if (st.layout_ && !moved && !(*st.layout_ == l))
     GZ_THROW(InvalidArgument, "this error feedback state is bound to codec=", st.layout_->codec, " n=", st.layout_->n,
              " rank=", st.layout_->rank, "/", st.layout_->world, " algorithm=", to_string(st.layout_->algorithm),
              " (", st.layout_->worker_count, "+", st.layout_->server_count, " residual floats), but the call is codec=",
@@ -173,6 +176,11 @@ void Run::bind_state(ErrorFeedback::Layout l) {
     st.server_.reset(memory_of(o.device));
     st.worker_.reserve(4 * l.worker_count);
     st.server_.reserve(4 * l.server_count);
+    if (st.regrouped_) {  // the worker residual carries when its size does; the server's starts from zeros
+      if (st.pending_worker_.size() != l.worker_count) st.pending_worker_.assign(l.worker_count, 0.0f);
+      st.pending_server_.assign(l.server_count, 0.0f);
+      st.regrouped_ = false;
+    }
     if (st.pending_) {
       mem::from_host(st.worker_.data(), st.pending_worker_.data(), 4 * l.worker_count, o.device, o.stream);
       mem::from_host(st.server_.data(), st.pending_server_.data(), 4 * l.server_count, o.device, o.stream);

@@ -194,6 +194,7 @@ void ErrorFeedback::restore(std::string_view saved) {
   pending_worker_ = std::move(worker);
   pending_server_ = std::move(server);
   pending_ = true;
+  regrouped_ = false;
   layout_ = std::move(l);
   agreed_.reset();  // a restore is a new start: agree again
 }
@@ -231,7 +232,33 @@ void ErrorFeedback::respec(std::string_view spec) {
   agreed_.reset();  // the next call agrees on the new codec
 }
 
+void ErrorFeedback::regroup() {
+  if (!layout_) return;
+  auto [worker, server] = residuals();  // host copies (pending ones as they are)
+  std::fill(server.begin(), server.end(), 0.0f);
+  pending_worker_ = std::move(worker);
+  pending_server_ = std::move(server);
+  pending_ = true;
+  regrouped_ = true;
+  worker_.release();
+  server_.release();
+  agreed_.reset();  // another group: agree again
+}
+
+void ErrorFeedback::zero() {
+  if (!layout_) return;
+  if (pending_) {
+    std::fill(pending_worker_.begin(), pending_worker_.end(), 0.0f);
+    std::fill(pending_server_.begin(), pending_server_.end(), 0.0f);
+    return;
+  }
+  mem::zero(worker_.data(), 4 * layout_->worker_count, device_, nullptr);
+  mem::zero(server_.data(), 4 * layout_->server_count, device_, nullptr);
+  mem::synchronize(device_, nullptr);
+}
+
 void ErrorFeedback::reset() {
+  regrouped_ = false;
   layout_.reset();
   worker_.release();
   server_.release();

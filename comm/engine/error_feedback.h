@@ -61,6 +61,21 @@ class ErrorFeedback {
   void restore(std::string_view bytes);
   /// Forgets layout and residuals: the next call starts from zeros.
   void reset();
+  /// The group changed (a torchft quorum): the next call may bind the state
+  /// at another rank, world size or algorithm, for the same codec and n.
+  /// The worker residual (what this rank has not yet sent of its own
+  /// buffer) carries over when that call's layout has one of the same size
+  /// (every flat algorithm: the whole buffer's); the server residual (the
+  /// sums of a chunk this rank owned in the old group) starts from zeros,
+  /// as does a worker residual that cannot carry (hierarchical: a shard by
+  /// the nodes). Nothing for an unbound state. Until that call the state
+  /// keeps its old layout (save() writes it, the server residual zeroed).
+  void regroup();
+  /// Sets the residuals to zeros, keeping the layout and the ranks' last
+  /// agreement: the next call sends what a fresh state would, and the other
+  /// ranks' states need not change (a fresh state would agree again, alone).
+  /// torchft's healed replica. Nothing for an unbound state.
+  void zero();
   /// Rebinds a bound state to codec `spec`, keeping its residuals, when the
   /// layout's residual sizes are the same for it (top-k at another density:
   /// DGC's sparsity warm-up). The next call agrees on the new codec. Throws
@@ -98,6 +113,7 @@ class ErrorFeedback {
   Buffer worker_, server_;
   std::vector<float> pending_worker_, pending_server_;  // restored, not yet on the device
   bool pending_ = false;
+  bool regrouped_ = false;  // regroup(): the next call may bind another rank, world size or algorithm
   // The last call signature the ranks agreed on, so later calls skip the Store.
   struct Agreed {
     CodecConfig codec;

@@ -139,6 +139,28 @@ class ErrorFeedback:
             raise InvalidArgument(f"respec() needs a bound collective error feedback state; this one is {self!r}")
         self._native.respec(spec)
 
+    def regroup(self) -> None:
+        """The group changed (torchft's quorum: another rank or world size):
+        the next collective call may bind the state at its new place, for the
+        same codec and size. The worker residual (what this rank has not yet
+        sent of its own buffer) carries over when that call's layout has one
+        of the same size (every flat algorithm); the server residual (sums of
+        a chunk this rank owned in the old group) starts from zeros, as does a
+        worker residual that cannot carry (hierarchical). Nothing to do for
+        an unbound state or the codec role (its residual is the buffer's)."""
+        if self._role == COLLECTIVE and self.bound:
+            self._native.regroup()
+
+    def zero(self) -> None:
+        """Sets the residuals to zeros, keeping what the state is bound to and
+        the ranks' last agreement on it: the next call sends what a fresh
+        state would, with no agreement round, so one rank may do it alone
+        (torchft's healed replica). Nothing to do for an unbound state."""
+        if self._role == COLLECTIVE and self.bound:
+            self._native.zero()
+        elif self._role == CODEC and self._residual is not None:
+            self._residual[...] = 0
+
     def state_dict(self) -> Dict[str, Any]:
         """A copy of the state, for a checkpoint:
 

@@ -391,6 +391,11 @@ void bind_comm(nb::module_& m) {
            "Loads what save() returned; the next allreduce continues bit-identically. Raises\n"
            "InvalidArgument for malformed data or a state bound to another layout.")
       .def("reset", &gz::ErrorFeedback::reset, "Forgets layout and residuals: the next call starts from zeros.")
+      .def("regroup", &gz::ErrorFeedback::regroup,
+           "The group changed: the next call may bind the state at another rank, world size or algorithm\n"
+           "(same codec and size), carrying the worker residual; the server residual starts from zeros.")
+      .def("zero", &gz::ErrorFeedback::zero,
+           "Sets the residuals to zeros, keeping the layout and the ranks' last agreement (no new round).")
       .def("respec", &gz::ErrorFeedback::respec, nb::arg("spec"),
            "Rebinds the state to codec `spec`, keeping its residuals, when they have the same sizes for\n"
            "it (top-k at another density). Raises InvalidArgument for an unbound or hierarchical state,\n"

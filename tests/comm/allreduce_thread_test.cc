@@ -528,6 +528,117 @@ TEST(ErrorFeedback, RespecKeepsTheResidualsAndTheNextCallUsesTheNewCodec) {
   for (const auto& e : errors) EXPECT_EQ(e, nullptr) << what(e);
 }
 
+// torchft's quorum after rank 2 of 3 left: ranks 0 and 1 go on as a group
+// of two. Without regroup() the states' layouts refuse the call; with it
+// each rank's worker residual carries over as it was (the next allgather
+// equals the codec's own encode of input + that residual, summed), and the
+// server residual of its chunk of three starts from zeros.
+TEST(ErrorFeedback, RegroupCarriesTheWorkerResidualIntoAGroupOfAnotherSize) {
+  const std::string spec = "onebit:block=64";
+  const std::size_t n = 300;
+  std::array<ErrorFeedback, 3> states;
+  std::array<std::vector<float>, 3> worker;
+  auto errors = run_threads(3, [&](int r, Transport& t, Store& store) {
+    auto codec = make_codec(spec);
+    AllreduceWorkspace ws;
+    std::vector<float> buf = make_input(r, n, 0, false);
+    auto o = call_options<AllreduceOptions>(t, store, ws, *codec, states[static_cast<std::size_t>(r)], buf);
+    o.algorithm = Algorithm::ScatterReduce;
+    allreduce(o);
+    const auto [w, server] = states[static_cast<std::size_t>(r)].residuals();
+    EXPECT_FALSE(server.empty());
+    worker[static_cast<std::size_t>(r)] = w;
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
+
+  std::array<std::vector<float>, 2> got;
+  errors = run_threads(2, [&](int r, Transport& t, Store& store) {
+    ErrorFeedback& state = states[static_cast<std::size_t>(r)];
+    auto codec = make_codec(spec);
+    AllreduceWorkspace ws;
+    auto& buf = got[static_cast<std::size_t>(r)];
+    buf = make_input(r, n, 1, false);
+    auto o = call_options<AllreduceOptions>(t, store, ws, *codec, state, buf);
+    o.algorithm = Algorithm::Allgather;
+    EXPECT_THROW(allreduce(o), InvalidArgument);  // bound to rank r of 3 under scatter_reduce
+    state.regroup();
+    EXPECT_EQ(state.layout()->world, 3u);  // the old layout until the next call
+    const auto [w, server] = state.residuals();
+    EXPECT_EQ(w, worker[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(server, std::vector<float>(server.size(), 0.0f));
+    allreduce(o);
+    EXPECT_EQ(state.layout()->world, 2u);
+    EXPECT_EQ(state.layout()->rank, static_cast<std::uint32_t>(r));
+    EXPECT_EQ(state.layout()->server_count, 0u);
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
+
+  auto codec = make_codec(spec);
+  std::vector<std::byte> ws(codec->workspace_bytes(n, Device::Cpu));
+  const ExecContext ctx{Device::Cpu, nullptr, ws.data(), ws.size()};
+  std::vector<std::vector<std::byte>> payloads;
+  std::vector<PayloadRef> refs;
+  for (int q = 0; q < 2; ++q) {
+    const auto in = make_input(q, n, 1, false);
+    auto& p = payloads.emplace_back(codec->max_payload_bytes(n));
+    refs.push_back({p.data(), codec->encode(in.data(), worker[static_cast<std::size_t>(q)].data(), n, p.data(),
+                                            p.size(), ctx)});
+  }
+  std::vector<float> want(n, 0.0f);
+  codec->decode_sum(refs, want.data(), n, 1.0f, ctx);
+  for (const auto& buf : got) EXPECT_EQ(fingerprint(buf.data(), n), fingerprint(want.data(), n));
+}
+
+// torchft's healed replica: one rank zeroes its residuals, the others do
+// nothing. The next call needs no agreement round (a fresh state on one
+// rank alone would wait for the others' records), and rank 0 sends what a
+// fresh state sends.
+TEST(ErrorFeedback, ZeroOnOneRankKeepsTheAgreementAndSendsAsAFreshState) {
+  const std::string spec = "qsgd:bits=2,bucket=64";
+  const std::size_t n = 300;
+  std::array<ErrorFeedback, 2> states;
+  std::vector<float> rank1;  // rank 1's worker residual before the second call
+  std::array<std::vector<float>, 2> got;
+  const auto errors = run_threads(2, [&](int r, Transport& t, Store& store) {
+    ErrorFeedback& state = states[static_cast<std::size_t>(r)];
+    auto codec = make_codec(spec);
+    AllreduceWorkspace ws;
+    auto& buf = got[static_cast<std::size_t>(r)];
+    buf = make_input(r, n, 0, false);
+    auto o = call_options<AllreduceOptions>(t, store, ws, *codec, state, buf);
+    o.algorithm = Algorithm::Allgather;
+    allreduce(o);
+    if (r == 0) {
+      state.zero();
+      const auto [w, server] = state.residuals();
+      EXPECT_EQ(w, std::vector<float>(n, 0.0f));
+      EXPECT_EQ(state.layout()->world, 2u);
+    } else {
+      rank1 = state.residuals().first;
+    }
+    o.timeout = Timeout(3000);  // an agreement round on one rank alone would end here
+    const std::vector<float> next = make_input(r, n, 1, false);
+    std::copy(next.begin(), next.end(), buf.begin());  // o points into buf
+    allreduce(o);
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, nullptr) << what(e);
+  auto codec = make_codec(spec);
+  std::vector<std::byte> ws(codec->workspace_bytes(n, Device::Cpu));
+  const ExecContext ctx{Device::Cpu, nullptr, ws.data(), ws.size()};
+  std::array<std::vector<float>, 2> residual{std::vector<float>(n, 0.0f), rank1};
+  std::vector<std::vector<std::byte>> payloads;
+  std::vector<PayloadRef> refs;
+  for (int q = 0; q < 2; ++q) {
+    const auto in = make_input(q, n, 1, false);
+    auto& p = payloads.emplace_back(codec->max_payload_bytes(n));
+    refs.push_back({p.data(), codec->encode(in.data(), residual[static_cast<std::size_t>(q)].data(), n, p.data(),
+                                            p.size(), ctx)});
+  }
+  std::vector<float> want(n, 0.0f);
+  codec->decode_sum(refs, want.data(), n, 1.0f, ctx);
+  for (const auto& buf : got) EXPECT_EQ(fingerprint(buf.data(), n), fingerprint(want.data(), n));
+}
+
 TEST(Transport, ExchangesMatchPerPairInPostingOrder) {
   for (int P : {2, 3, 5}) {
     std::vector<std::string> broke(static_cast<std::size_t>(P));
