@@ -105,7 +105,8 @@ gz_python_env() {
   local need=() mod
   for mod in numpy:numpy sklearn:scikit-learn pytest:pytest "scikit_build_core:scikit-build-core>=0.10" \
              "nanobind:nanobind>=2.2" matplotlib:matplotlib \
-             transformers:transformers accelerate:accelerate lightning:lightning; do
+             transformers:transformers accelerate:accelerate lightning:lightning \
+             torchft:torchft==0.2.0; do  # torchft: gradzip.integrations.torchft, tested with 0.2.0 (needs torch >= 2.7)
     "$GZ_PYTHON" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
   done
   if ((${#need[@]})); then

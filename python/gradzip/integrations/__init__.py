@@ -6,7 +6,11 @@ carries its per-rank state through the stack's own checkpoints.
 - :mod:`gradzip.integrations.accelerate`: ``compress(accelerator, model, state)``
   after ``accelerator.prepare``;
 - :mod:`gradzip.integrations.lightning`: ``GradzipCallback(state)`` for a
-  Lightning ``Trainer``.
+  Lightning ``Trainer``;
+- :mod:`gradzip.integrations.torchft`: ``ProcessGroupGradzip(policy)`` as
+  torchft's ``Manager(pg=...)``: replicas that come and go, every
+  ``manager.allreduce`` compressed (DDP, LocalSGD, DiLoCo), error feedback
+  kept by the replicas that stay.
 
 ``state`` is what compresses: a :class:`gradzip.torch.CompressionState`
 (the DDP hook), a :class:`gradzip.torch.CompressedAdamW` or
@@ -19,4 +23,4 @@ stack's checkpoint folder (:mod:`gradzip.torch.checkpoint`) and reads it
 back on resume. Importing this package imports none of the stacks.
 """
 
-__all__ = ["accelerate", "lightning", "transformers"]
+__all__ = ["accelerate", "lightning", "torchft", "transformers"]

@@ -246,6 +246,21 @@ class States:
             self._by_addr = {a: s for a, s in self._by_addr.items() if any(s is k for k in keep)}
             self._slots = keep
 
+    def regroup(self) -> int:
+        """The group changed (torchft's quorum): every state may bind at its
+        next call to its new rank and world size, carrying its worker
+        residual (ErrorFeedback.regroup). The number of states."""
+        for s in self._slots:
+            s.ef.regroup()
+        return len(self._slots)
+
+    def zero(self) -> int:
+        """Sets every state's residuals to zeros in place (ErrorFeedback.zero:
+        no agreement round, so one rank may do it alone). The number of states."""
+        for s in self._slots:
+            s.ef.zero()
+        return len(self._slots)
+
     def __len__(self) -> int:
         return len(self._slots)
 

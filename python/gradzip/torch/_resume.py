@@ -140,7 +140,7 @@ class Resume:
             if error is not None:
                 raise error
             return False
-        if error is not None and _differing(str(error)) != {self.FIELDS[1]}:
+        if error is not None and differing(str(error)) != {self.FIELDS[1]}:
             raise error
         self.settled = True
         drop = error is not None or self.status == FOREIGN
@@ -185,7 +185,7 @@ class Resume:
         logger.warning("%s", msg)
 
 
-def _differing(report: str) -> set:
+def differing(report: str) -> set:
     """The field names an agreement's mismatch report lists (one per line,
     "  name: rank 0 'a'; rank 1 'b'", describe_disagreement in
     comm/engine/agreement.h). The report is the same on every rank."""

@@ -71,12 +71,15 @@ class ProcessGroupTransport:
     """Exchanges of byte tensors over a torch process group, in the shape the
     C++ PyTransport drives (python/src/py_transport.h)."""
 
-    def __init__(self, group: Optional[dist.ProcessGroup], tag: int) -> None:
+    def __init__(self, group: Optional[dist.ProcessGroup], tag: int, *, rank: Optional[int] = None,
+                 size: Optional[int] = None, backend: Optional[str] = None) -> None:
+        # rank, size, backend: for a group torch's registry does not hold
+        # (torchft's, reconfigured at every quorum); else looked up there.
         self.group = group if group is not None else dist.group.WORLD
-        self.rank = dist.get_rank(self.group)
-        self.size = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group) if rank is None else rank
+        self.size = dist.get_world_size(self.group) if size is None else size
         self.tag = _TAG_BASE + tag
-        backend = str(dist.get_backend(self.group))
+        backend = str(dist.get_backend(self.group) if backend is None else backend)
         self.name = f"torch-{backend}"
         # NCCL takes CUDA buffers in place; a gloo group takes host memory (the
         # algorithms stage CUDA gradients through pinned slots for it).

@@ -251,6 +251,7 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         self._store = store
         self._resume = _resume.Resume()  # whose error feedback a load restored (_resume.py)
         self._resume_rounds = 0
+        self._aborted = False
         # A script that exits without destroy_process_group: release at exit
         # what torch would keep alive into teardown (see shutdown).
         atexit.register(_release_at_exit, weakref.ref(self))
@@ -293,9 +294,20 @@ class ProcessGroupGradzip(dist.ProcessGroup):
                 b.shutdown()
 
     def abort(self) -> None:
+        """Ends the calls in flight now: each pending Work raises, and so do
+        the peers' calls with this rank; the group is unusable afterwards
+        (torchft makes a new one at its next quorum). gloo's own abort()
+        leaves a posted receive waiting (torch 2.15), but a receive that
+        times out closes every pair of the gloo context: the group times one
+        out on purpose, so the engine's exchanges and gloo's collectives fail
+        at once rather than at their timeout. Returns once the compressed
+        calls in flight have ended (at the latest, their timeout)."""
+        self._aborted = True
         for b in self._backends.values():
             if hasattr(b, "abort"):
                 b.abort()
+        _break_pairs(self._backends["cpu"], self._rank, self._size)
+        self._drain()
 
     def _backend_of(self, args: Any) -> Any:
         """The backend for the first tensor among a call's arguments (CPU: gloo)."""
@@ -494,10 +506,19 @@ class ProcessGroupGradzip(dist.ProcessGroup):
                 stream.wait_event(ready)
                 with torch.cuda.stream(stream):
                     run()
+                return
             except BaseException as e:  # the Work raises it from wait(), typed (gradzip.IoError ...)
-                # Without this thread's frames: they hold the communicator, codec
-                # and error feedback, which the error would keep alive to exit.
-                work._finish(e.with_traceback(None))
+                self._call_failed(e)
+                if not self._aborted:
+                    # Without this thread's frames: they hold the communicator, codec
+                    # and error feedback, which the error would keep alive to exit.
+                    work._finish(e.with_traceback(None))
+                    return
+                why = str(e)
+            # Outside the except block: the Work's future raises the new error
+            # in its callback, which inside it would take the original (and its
+            # frames) as its __context__.
+            work._finish(IoError(f"gradzip backend: the group was aborted during a compressed all_reduce ({why})"))
 
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradzip-pg")
@@ -516,6 +537,10 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         # group's NCCL communicator only sees torch's calls in program order.
         transport = "torch" if kind == "cpu" else _CUDA_TRANSPORT
         return gradzip.Communicator.from_torch(self, transport=transport, timeout=self._timeout_s)
+
+    def _call_failed(self, error: BaseException) -> None:
+        """A compressed call failed (on the group's worker thread): nothing
+        more here; torchft's group ends its whole group then."""
 
     def _drain(self) -> None:
         with self._submit:
@@ -566,6 +591,23 @@ for _name in _FORWARDED:
     setattr(ProcessGroupGradzip, _name, _forwarder(_name))
 setattr(ProcessGroupGradzip, "recvAnysource",  # torch's C++ name; the bindings call it recv_anysource
         lambda self, tensors, tag: self._backend_of((tensors,)).recv_anysource(tensors, tag))
+
+
+# The tag of the receive abort() times out on purpose (no message carries it).
+_ABORT_TAG = 0x475AFFFF
+
+
+def _break_pairs(gloo: Any, rank: int, size: int) -> None:
+    """Closes every pair of `gloo`'s context: a receive that times out does
+    (gloo: "Application timeout caused pair closure"), and every call in
+    flight on the context raises at once."""
+    if size < 2:
+        return
+    try:
+        gloo.recv([torch.empty(1, dtype=torch.uint8)], (rank + 1) % size, _ABORT_TAG).wait(
+            datetime.timedelta(milliseconds=1))
+    except Exception:  # the timeout that closes the pairs (or they were closed already)
+        pass
 
 
 def _release_at_exit(ref: "weakref.ReferenceType[ProcessGroupGradzip]") -> None:
