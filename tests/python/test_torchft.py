@@ -166,3 +166,21 @@ def test_ddp_local_sgd_and_diloco_compress_and_a_stranger_or_another_policy_fail
         assert a[phase]["step"] == b[phase]["step"]
         assert a[phase]["compressed_calls"] > calls, (phase, a)
         calls = a[phase]["compressed_calls"]
+
+
+def test_the_lm_experiment_runs_torchft_diloco_uncompressed_and_through_gradzip():
+    # Item 4's methods, tiny: torchft's DiLoCo with its own gloo group (the
+    # uncompressed baseline) and with gradzip's group; every replica ends
+    # with the synced model, and the bytes are one exchange per H steps.
+    from gradzip.experiments import lm
+
+    tiny = lm.Settings(steps=8, batch_per_rank=2, context=16, width=16, layers=1, heads=2, lr_warmup=2, eval_every=4,
+                       eval_sequences=4)
+    methods = ["fp32@diloco:h=4", "qsgd:bits=2@diloco:h=4"]
+    by = {r["method"]: r for r in lm.run(methods, ranks=2, settings=tiny, timeout=240)}
+    for r in by.values():
+        assert r["extra"]["identical_on_all_ranks"] and r["extra"]["syncs"] == 2, r
+        assert 1.0 < r["val_loss"] < 6.0
+    fp32 = by["fp32@diloco:h=4"]
+    assert fp32["wire_bytes"] == fp32["fp32_wire_bytes"] / 4  # DDP's ring every step, DiLoCo's every 4th
+    assert fp32["fp32_wire_bytes"] / by["qsgd:bits=2@diloco:h=4"]["wire_bytes"] > 4 * 8  # and 2-bit: >8x fewer again

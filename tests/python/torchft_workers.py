@@ -132,7 +132,7 @@ def residuals(pg: Any) -> List[bytes]:
     States: what the test checks survives a quorum change)."""
     if not isinstance(pg, ProcessGroupGradzip):
         return []
-    return [bytes(s.ef.residuals()[0]) for s in pg._states._slots if s.ef.bound]
+    return [bytes(ef.residuals()[0]) for ef in pg._states.states() if ef.bound]
 
 
 def faults() -> None:

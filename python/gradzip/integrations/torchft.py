@@ -29,6 +29,10 @@ what this group does:
   the first failed call's error since the last ``configure``, and
   ``shutdown()`` closes the group.
 
+Error feedback follows position: the k-th compressed call of a tensor
+signature in a step continues the k-th state of it (:class:`StepStates`;
+torchft reduces the same tensors in the same order every step).
+
 Error feedback across quorums. A replica that stays keeps its own
 residuals (what its codec has not yet sent of its own buffers); they are
 its own whatever the world size. What depends on the group (scatter_reduce's
@@ -59,10 +63,11 @@ from .. import InvalidArgument, IoError, _core
 from ..comm import Communicator
 from ..torch import _resume, _stats, backend
 from ..torch._agreement import agree_on_store
-from ..torch._backend_policy import Policy, States
+from ..error_feedback import ErrorFeedback
+from ..torch._backend_policy import ENGINE_DTYPES, Policy
 from ..torch._torch_transport import ProcessGroupTransport
 
-__all__ = ["ProcessGroupGradzip"]
+__all__ = ["ProcessGroupGradzip", "StepStates"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +98,7 @@ class ProcessGroupGradzip(ProcessGroupWrapper):
         if policy is not None and not isinstance(policy, Policy):
             raise ValueError(f"policy must be a gradzip.torch.backend.Policy, got {type(policy).__name__}")
         self.policy = policy if policy is not None else Policy()
-        self._states = States()  # every quorum's group continues these (the identity rule of the backend)
+        self._states = StepStates()  # every quorum's group continues these
         self._place: Optional[Tuple[Any, int, int]] = None  # (quorum id, rank, world size) of the last group made
         self._lock = threading.Lock()
         self._works: List[Any] = []  # this quorum's calls, for errored()
@@ -136,7 +141,10 @@ class ProcessGroupGradzip(ProcessGroupWrapper):
 
     def errored(self) -> Optional[Exception]:
         """The first error of this quorum's calls (a dead peer, a timeout, an
-        abort): torchft's ``should_commit`` then returns False."""
+        abort): torchft's ``should_commit`` then returns False. torchft asks
+        once per step, at ``should_commit``: the group takes the question as
+        the step's end (its error-feedback states count calls per step)."""
+        self._states.step_ended()
         with self._lock:
             if self._error is None:
                 for w in self._works:
@@ -169,7 +177,7 @@ class ProcessGroupGradzip(ProcessGroupWrapper):
             self._retire(pg)
         with self._lock:
             self._works = []
-        self._states = States()
+        self._states = StepStates()
         self.policy.release_codecs()
 
     # -- gradzip's additions --------------------------------------------------
@@ -265,13 +273,72 @@ def _add(totals: Dict[str, Any], s: Dict[str, Any]) -> None:
         totals[k] += s[k]
 
 
+Signature = Tuple[str, str, int, str]
+
+
+class StepStates:
+    """The error-feedback states of a torchft group, by position: the k-th
+    compressed call of a signature (device, dtype, element count, codec)
+    since the step began continues the k-th state of that signature. torchft
+    reduces the same tensors in the same order every step (DDP's buckets,
+    LocalSGD's parameters, DiLoCo's deltas: new tensors each sync), on every
+    replica alike; the backend's identity rule, which follows a buffer by its
+    address and lifetime, would follow torchft's timing instead (its Manager
+    keeps a step's tensors in futures until a timer thread lets go), which
+    differs between replicas, and ranks that pick states differently stop
+    at the engine's agreement.
+
+    Streaming DiLoCo's fragments of the same shapes, synced in turn, take the
+    same states (the group cannot tell them apart): give them different
+    shapes, or one fragment, for error feedback that follows each."""
+
+    __slots__ = ("_by", "_seen")
+
+    def __init__(self) -> None:
+        self._by: Dict[Tuple[Signature, int], ErrorFeedback] = {}
+        self._seen: Dict[Signature, int] = {}
+
+    def get(self, tensor: torch.Tensor, codec: Any) -> ErrorFeedback:
+        sig: Signature = (tensor.device.type, ENGINE_DTYPES[tensor.dtype], tensor.numel(), codec.spec)
+        k = self._seen.get(sig, 0)
+        self._seen[sig] = k + 1
+        ef = self._by.get((sig, k))
+        if ef is None:
+            ef = self._by[(sig, k)] = ErrorFeedback()
+        return ef
+
+    def step_ended(self) -> None:
+        self._seen.clear()
+
+    def regroup(self) -> int:
+        """ErrorFeedback.regroup on every state (a new quorum of another place)."""
+        for ef in self._by.values():
+            ef.regroup()
+        return len(self._by)
+
+    def zero(self) -> int:
+        """ErrorFeedback.zero on every state (no agreement round: a healed replica alone)."""
+        for ef in self._by.values():
+            ef.zero()
+        return len(self._by)
+
+    def states(self) -> List[ErrorFeedback]:
+        return list(self._by.values())
+
+    def bytes(self) -> int:
+        return sum(ef.bytes for ef in self._by.values())
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+
 class _QuorumGroup(backend.ProcessGroupGradzip):
     """One quorum's group: the gradzip backend's, meeting through torchft's
     store (torchft's groups are not in torch's registry, which
     ``Communicator.from_torch`` reads), continuing the states it is given."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta, policy: Policy,
-                 states: States) -> None:
+                 states: StepStates) -> None:
         super().__init__(store, rank, size, timeout, policy)
         self._states = states
         self._resume.settled = True  # nothing restored: torchft heals through attach()

@@ -52,6 +52,11 @@ Methods (compared with fp32):
                              lrto=X (block_lr moves linearly from lr to X over the run),
                              hlate=S:H (blocks of H steps from step S on), exact=N|off (the
                              layer filter: BlockMomentum's exact_below, as @hook:exact=)
+    <spec>@diloco[:h=H,...]  no DDP: torchft's DiLoCo (a replica per rank, a Manager each, rank 0
+                             runs the lighthouse), inner AdamW, every H steps (default 50) the
+                             model's delta averaged through gradzip's torchft group with <spec>
+                             (fp32@diloco: torchft's own gloo group, uncompressed), outer SGD with
+                             Nesterov (outer=0.7, mom=0.9); min=N: the policy's min_elements (_diloco.py)
 
     python -m gradzip.experiments.lm --ranks 4 --methods fp32,onebit,onebit@cm --plot lm.png
 

@@ -328,6 +328,10 @@ def setup(method: str, net: Any, settings: Settings) -> Method:
         return m
     if _backend_method.belongs(method):
         return _backend(method, net, settings)
+    if "@diloco" in method:  # torchft's DiLoCo, its exchange through gradzip's torchft group (_diloco.py)
+        from . import _diloco
+
+        return _diloco.setup(method, net, settings)
     ddp = DDP(net)
     opt = _adamw(ddp.parameters(), settings)
     if method == "fp32":
