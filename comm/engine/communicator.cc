@@ -55,7 +55,7 @@ std::unique_ptr<Communicator> Communicator::assemble(const TransportDescriptor& 
       kind.make(TransportSetup{*prefixed, rank, world_size, local_rank, options.cuda_device, options.timeout});
   Topology topology;
   try {
-    topology = discover_topology(*prefixed, rank, world_size, options.timeout);
+    topology = discover_topology(*prefixed, rank, world_size, options.timeout, options.node);
   } catch (const InvalidArgument&) {
     // Every rank fails alike; wait (bounded) until all have read the Store,
     // which rank 0 hosts, before any leaves.
@@ -75,7 +75,7 @@ std::unique_ptr<Communicator> Communicator::create(std::shared_ptr<Store> store,
   const std::string job_key = shared_job_key(*store, options.prefix, transport->rank(), options.timeout);
   auto sealed = std::make_shared<SealedStore>(std::move(store), job_key);
   auto prefixed = std::make_shared<PrefixStore>(options.prefix, std::move(sealed));
-  Topology topology = discover_topology(*prefixed, transport->rank(), transport->size(), options.timeout);
+  Topology topology = discover_topology(*prefixed, transport->rank(), transport->size(), options.timeout, options.node);
   return std::make_unique<Communicator>(std::move(prefixed), std::move(transport), options, std::move(topology));
 }
 

@@ -43,6 +43,10 @@ struct CommunicatorOptions {
   /// model predicts fastest (comm/cost/auto_choice.h); unknown, the one that
   /// sends the fewest bytes. Rank 0's is used by every rank.
   std::string link;
+  /// This rank's node, as discovery names it (empty: from the launcher's
+  /// variables, node_name_from_env). A group whose members are not the
+  /// launcher's ranks names them itself: torchft's replicas, each a node.
+  std::string node;
 };
 
 /// Per-call settings of Communicator::allreduce and reduce_scatter.

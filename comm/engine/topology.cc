@@ -84,14 +84,17 @@ std::string node_name_from_env(int rank) {
   return "host " + host_name();
 }
 
-Topology discover_topology(Store& store, int rank, int size, Timeout timeout) {
+Topology discover_topology(Store& store, int rank, int size, Timeout timeout, const std::string& node) {
   // Each rank publishes its node's name and what its launcher says of the
-  // node's size; every rank checks every claim, so all fail alike.
-  std::string mine = node_name_from_env(rank);
+  // node's size; every rank checks every claim, so all fail alike. A name
+  // the caller gives comes with no claim: the launcher's variables describe
+  // its job, not this group.
+  std::string mine = node.empty() ? node_name_from_env(rank) : "named " + node;
   if (mine.size() > kMaxName) mine.resize(kMaxName);
   std::string claim;
   for (const char* var : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
-    if (const auto said = env_long(var); said && claim.empty()) claim = std::string(var) + "=" + std::to_string(*said);
+    if (const auto said = env_long(var); node.empty() && said && claim.empty())
+      claim = std::string(var) + "=" + std::to_string(*said);
   store.set("topology/" + std::to_string(rank), mine + "\n" + claim);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back("topology/" + std::to_string(r));

@@ -61,8 +61,9 @@ struct Topology {
 /// Collective over `size` ranks: learns every rank's node through the Store
 /// (keys "topology/<rank>"). Throws InvalidArgument on every rank when a
 /// rank's LOCAL_WORLD_SIZE contradicts what was found, IoError when a rank
-/// never answers.
-Topology discover_topology(Store& store, int rank, int size, Timeout timeout);
+/// never answers. `node`: this rank's node name (empty: node_name_from_env,
+/// and the launcher's claim of its size is checked).
+Topology discover_topology(Store& store, int rank, int size, Timeout timeout, const std::string& node = "");
 
 /// This rank's node name as discovery uses it (from the environment, see above).
 std::string node_name_from_env(int rank);

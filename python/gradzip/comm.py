@@ -80,9 +80,15 @@ class Communicator:
 
     @classmethod
     def from_store(cls, store: Any, rank: int, world_size: int, transport: str = "ucx", *,
-                   timeout: Optional[float] = None, prefix: str = "gradzip", cuda_device: int = -1) -> "Communicator":
-        """Rendezvous through a store with torch.distributed.Store's set/get/wait/add."""
-        return cls(_core.Communicator.from_store(store, rank, world_size, transport, timeout, prefix, cuda_device))
+                   timeout: Optional[float] = None, prefix: str = "gradzip", cuda_device: int = -1,
+                   node: str = "") -> "Communicator":
+        """Rendezvous through a store with torch.distributed.Store's set/get/wait/add.
+        ``node``: this rank's node name for the topology (default: from the
+        launcher's variables, which describe the job it started: a group of
+        other members, such as torchft's quorums, names its nodes itself)."""
+        named = (node,) if node else ()  # (an extension built before `node` takes the others)
+        return cls(_core.Communicator.from_store(store, rank, world_size, transport, timeout, prefix, cuda_device,
+                                                 *named))
 
     @classmethod
     def from_torch(cls, process_group: Any = None, transport: Optional[str] = None, *,

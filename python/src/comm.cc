@@ -171,12 +171,14 @@ void check_store(const nb::object& store) {
 }
 
 std::unique_ptr<CommHandle> from_store(nb::object store, int rank, int world_size, std::string_view transport,
-                                       std::optional<double> timeout_s, const std::string& prefix, int cuda_device) {
+                                       std::optional<double> timeout_s, const std::string& prefix, int cuda_device,
+                                       const std::string& node) {
   gz::transport_descriptor(transport);  // an unknown or absent transport: before anything starts
   if (world_size < 1 || rank < 0 || rank >= world_size)
     GZ_THROW(gz::InvalidArgument, "rank ", rank, " is not in [0, ", world_size, ")");
   check_store(store);
-  const gz::CommunicatorOptions options = make_options(timeout_s, prefix, cuda_device);
+  gz::CommunicatorOptions options = make_options(timeout_s, prefix, cuda_device);
+  options.node = node;
   auto py = std::make_shared<PyStore>(std::move(store), options.timeout);
   auto h = std::make_unique<CommHandle>();
   nb::gil_scoped_release release;
@@ -189,9 +191,10 @@ std::unique_ptr<CommHandle> from_store(nb::object store, int rank, int world_siz
 // group. The store is the group's (torch's default store); the group and the
 // store outlive the communicator, so closing waits for nobody.
 std::unique_ptr<CommHandle> from_python(nb::object store, nb::object driver, std::optional<double> timeout_s,
-                                        const std::string& prefix) {
+                                        const std::string& prefix, const std::string& node) {
   check_store(store);
   gz::CommunicatorOptions options = make_options(timeout_s, prefix, -1);
+  options.node = node;
   options.closing_barrier = false;
   auto transport = std::make_unique<PyTransport>(std::move(driver));
   auto py = std::make_shared<PyStore>(std::move(store), options.timeout);
@@ -419,17 +422,19 @@ void bind_comm(nb::module_& m) {
                   "Rendezvous from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (rank 0 hosts the store).")
       .def_static("from_store", &from_store, nb::arg("store"), nb::arg("rank"), nb::arg("world_size"),
                   nb::arg("transport") = "ucx", nb::arg("timeout") = nb::none(), nb::arg("prefix") = "gradzip",
-                  nb::arg("cuda_device") = -1,
+                  nb::arg("cuda_device") = -1, nb::arg("node") = "",
                   nb::sig("def from_store(store: object, rank: int, world_size: int, transport: str = 'ucx', "
-                          "timeout: float | None = None, prefix: str = 'gradzip', cuda_device: int = -1) "
-                          "-> Communicator"),
-                  "Rendezvous through an existing store (a torch.distributed.Store).")
+                          "timeout: float | None = None, prefix: str = 'gradzip', cuda_device: int = -1, "
+                          "node: str = '') -> Communicator"),
+                  "Rendezvous through an existing store (a torch.distributed.Store). `node`: this rank's node\n"
+                  "name for the topology (empty: from the launcher's variables).")
       .def_static("from_python", &from_python, nb::arg("store"), nb::arg("transport"),
-                  nb::arg("timeout") = nb::none(), nb::arg("prefix") = "gradzip",
+                  nb::arg("timeout") = nb::none(), nb::arg("prefix") = "gradzip", nb::arg("node") = "",
                   nb::sig("def from_python(store: object, transport: object, timeout: float | None = None, "
-                          "prefix: str = 'gradzip') -> Communicator"),
+                          "prefix: str = 'gradzip', node: str = '') -> Communicator"),
                   "Over a transport a Python object performs (start/test/wait/abort of exchanges; see\n"
-                  "python/src/py_transport.h), meeting through `store`.")
+                  "python/src/py_transport.h), meeting through `store`. `node`: this rank's node name for\n"
+                  "the topology (empty: from the launcher's variables).")
       .def_prop_ro("rank", [](CommHandle& h) { return h.get().rank(); })
       .def_prop_ro("size", [](CommHandle& h) { return h.get().size(); })
       .def_prop_ro("transport", [](CommHandle& h) { return std::string(h.get().transport().name()); })

@@ -74,5 +74,18 @@ TEST_F(NodeName, DiscoveryChecksTheLaunchersLocalSize) {
   EXPECT_THROW(discover_topology(other, 0, 1, Timeout(1000)), InvalidArgument);
 }
 
+// A group that names its ranks' nodes itself (torchft's replicas, launched
+// as 3 local ranks, now a quorum of 2) is not held to the launcher's claim.
+TEST_F(NodeName, ANodeTheCallerNamesSkipsTheLaunchersClaim) {
+  setenv("LOCAL_RANK", "0", 1);
+  setenv("LOCAL_WORLD_SIZE", "3", 1);
+  HashStore store(Timeout(1000));
+  store.set("topology/1", "named replica 1\n");
+  EXPECT_EQ(discover_topology(store, 0, 2, Timeout(1000), "replica 0").describe(), "2 ranks: 2 nodes x 1");
+  HashStore launched(Timeout(1000));
+  launched.set("topology/1", "first rank 0\nLOCAL_WORLD_SIZE=3");
+  EXPECT_THROW(discover_topology(launched, 0, 2, Timeout(1000)), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace gz

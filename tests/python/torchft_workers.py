@@ -21,6 +21,8 @@ writes <dir>/dying and waits for the caller's SIGKILL). Every replica
 stops once it committed at least GZ_FT_END steps and its last two
 committed steps had all GZ_FT_REPLICAS replicas in them (a restarted
 replica too, after healing). Writes <dir>/result-<replica>[-restarted].json.
+GZ_FT_HOST: the replica's address (default 127.0.0.1); GZ_FT_WIDTH: the
+model's width (64: 6K weights; 2048: 4.3M).
 
 paths: torchft's DDP, LocalSGD and (Streaming) DiLoCo in turn, on a
 synchronous quorum; after each, the replicas' parameters.
@@ -53,22 +55,24 @@ DIR = pathlib.Path(os.environ["GZ_FT_DIR"])
 REPLICAS = int(os.environ.get("GZ_FT_REPLICAS", "3"))
 TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("GZ_FT_TIMEOUT_S", "5")))
 RESTARTED = os.environ.get("GZ_FT_RESTARTED") == "1"
+HOST = os.environ.get("GZ_FT_HOST", "127.0.0.1")  # this replica's address (its namespace's, under gradzip-run --link)
+WIDTH = int(os.environ.get("GZ_FT_WIDTH", "64"))  # the model: WIDTH^2 + 32 WIDTH weights
 
 
 class LoopbackTransport(HTTPTransport):
-    """torchft's checkpoint server, advertised on loopback (its own address
-    names the host, which need not resolve to 127.0.0.1)."""
+    """torchft's checkpoint server, advertised at HOST (its own address names
+    the machine, which need not resolve to 127.0.0.1, or to a namespace's)."""
 
     def address(self) -> str:
         url = super().address()
-        return "http://127.0.0.1:" + url.split("://", 1)[1].split(":", 1)[1]
+        return f"http://{HOST}:" + url.split("://", 1)[1].split(":", 1)[1]
 
 
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.a = torch.nn.Linear(64, 64)
-        self.b = torch.nn.Linear(64, 32)
+        self.a = torch.nn.Linear(WIDTH, WIDTH)
+        self.b = torch.nn.Linear(WIDTH, 32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(torch.tanh(self.a(x)))
@@ -76,7 +80,7 @@ class Net(torch.nn.Module):
 
 def batch(step: int) -> Any:
     g = torch.Generator().manual_seed(1000 * step + REPLICA)
-    return torch.randn(16, 64, generator=g), torch.randn(16, 32, generator=g)
+    return torch.randn(16, WIDTH, generator=g), torch.randn(16, 32, generator=g)
 
 
 def fingerprint(model: torch.nn.Module) -> str:
@@ -96,7 +100,7 @@ def make_group() -> Any:
 
 
 def make_manager(pg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, async_quorum: bool) -> Manager:
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
     make_manager.store = store  # type: ignore[attr-defined]  # alive as long as the replica
 
     def load(sd: Dict[str, Any]) -> None:
@@ -108,8 +112,8 @@ def make_manager(pg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, as
 
     manager = Manager(pg=pg, load_state_dict=load, state_dict=save, min_replica_size=1,
                       use_async_quorum=async_quorum, timeout=TIMEOUT, quorum_timeout=TIMEOUT * 4,
-                      connect_timeout=TIMEOUT, rank=0, world_size=1, store_addr="127.0.0.1", store_port=store.port,
-                      lighthouse_addr=os.environ["GZ_FT_LIGHTHOUSE"], replica_id=str(REPLICA), hostname="127.0.0.1",
+                      connect_timeout=TIMEOUT, rank=0, world_size=1, store_addr=HOST, store_port=store.port,
+                      lighthouse_addr=os.environ["GZ_FT_LIGHTHOUSE"], replica_id=str(REPLICA), hostname=HOST,
                       checkpoint_transport=LoopbackTransport(timeout=TIMEOUT, num_chunks=0))
     if isinstance(pg, ProcessGroupGradzip):
         pg.attach(manager)
@@ -141,6 +145,7 @@ def faults() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     pg = make_group()
     manager = make_manager(pg, model, opt, async_quorum=True)
+    t_ready = time.time()
     if not RESTARTED:
         wait_for_everyone()
     abort_at = int(os.environ.get("GZ_FT_ABORT_AT", "-1"))
@@ -201,7 +206,7 @@ def faults() -> None:
         if rec["committed"] and manager.current_step() >= end and full >= 2:
             break
     out = {"replica": REPLICA, "restarted": RESTARTED, "params": fingerprint(model), "steps": steps,
-           "final_step": manager.current_step()}
+           "final_step": manager.current_step(), "t_ready": t_ready}
     if isinstance(pg, ProcessGroupGradzip):
         out["stats"] = pg.compression_stats()
     name = f"result-{REPLICA}{'-restarted' if RESTARTED else ''}.json"

@@ -126,7 +126,8 @@ class ProcessGroupGradzip(ProcessGroupWrapper):
         if not keep and len(self._states):
             self._states.regroup()
             self._events["regrouped"] += 1
-        pg = _QuorumGroup(store, rank, world_size, self._timeout, self.policy, self._states)
+        pg = _QuorumGroup(store, rank, world_size, self._timeout, self.policy, self._states,
+                          f"torchft replica {self._replica_id}")
         with self._lock:
             self._works, self._error = [], None
         self._place = (self._quorum_id, rank, world_size)
@@ -335,12 +336,15 @@ class StepStates:
 class _QuorumGroup(backend.ProcessGroupGradzip):
     """One quorum's group: the gradzip backend's, meeting through torchft's
     store (torchft's groups are not in torch's registry, which
-    ``Communicator.from_torch`` reads), continuing the states it is given."""
+    ``Communicator.from_torch`` reads), continuing the states it is given.
+    Each member is a node of its own, named by its replica (the launcher's
+    variables describe the job it started, not the quorum)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta, policy: Policy,
-                 states: StepStates) -> None:
+                 states: StepStates, node: str) -> None:
         super().__init__(store, rank, size, timeout, policy)
         self._states = states
+        self._node = node
         self._resume.settled = True  # nothing restored: torchft heals through attach()
         self._drivers: List[ProcessGroupTransport] = []
 
@@ -349,10 +353,10 @@ class _QuorumGroup(backend.ProcessGroupGradzip):
             driver = ProcessGroupTransport(self, 0, rank=self._rank, size=self._size, backend="gloo")
             self._drivers.append(driver)
             return Communicator(_core.Communicator.from_python(self._store, driver, self._timeout_s,
-                                                               "gradzip/torchft/cpu"))
+                                                               "gradzip/torchft/cpu", self._node))
         return Communicator.from_store(self._store, self._rank, self._size, backend._CUDA_TRANSPORT,
                                        timeout=self._timeout_s, prefix="gradzip/torchft/cuda",
-                                       cuda_device=torch.cuda.current_device())
+                                       cuda_device=torch.cuda.current_device(), node=self._node)
 
     def _call_failed(self, error: BaseException) -> None:
         # A failed call ends this quorum (torchft makes a new group): close
