@@ -185,3 +185,40 @@ def test_a_state_dict_without_the_variance_count_derives_it():
     b = mk(cm_workers.make_model(0).parameters())
     b.load_state_dict(saved)
     assert b._v_count == 5
+
+
+def _warmup_end(steps, make_opt, lr_warmup=20, restore_at=None):
+    """Trains one process for `steps` steps under a LambdaLR with a linear warm-up of
+    `lr_warmup` steps; returns the full-precision stage's length (restore_at: the
+    optimizer and scheduler are saved there and continued by new ones)."""
+    model = cm_workers.make_model(0)
+    factor = lambda s: min(1.0, (s + 1) / lr_warmup) if lr_warmup else 1.0  # noqa: E731
+    opt = make_opt(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    for t in range(steps):
+        if t == restore_at:
+            saved, saved_sched = opt.state_dict(), sched.state_dict()
+            opt = make_opt(model.parameters())
+            opt.load_state_dict(saved)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+            sched.load_state_dict(saved_sched)
+        opt.zero_grad()
+        cm_workers.loss_of(model, 0, t).backward()
+        opt.step()
+        sched.step()
+    return opt.compression_stats()["warmup_steps"]
+
+
+def test_the_default_warmup_follows_the_learning_rates_rise():
+    adamw = lambda ps: CompressedAdamW(ps, lr=0.01)  # noqa: E731
+    # The learning rate rose at steps 2..20 (19 times): the stage lasts at least 4 x 19 = 76 steps (past the
+    # default 40) and ends at the variance check after it (every 10 steps).
+    assert CompressedAdamW.LR_RISE_FACTOR == 4
+    assert _warmup_end(120, adamw) == 80
+    assert _warmup_end(200, adamw, lr_warmup=40) == 4 * 39  # the maximum, 100 before, lifted to the minimum
+    assert _warmup_end(120, adamw, restore_at=30) == 80  # the count survives a checkpoint
+    # Without a warm-up of the learning rate: the former defaults (40 .. 100).
+    assert 40 <= _warmup_end(120, adamw, lr_warmup=0) <= 100
+    # A bound given is kept as given.
+    assert _warmup_end(60, lambda ps: CompressedAdamW(ps, lr=0.01, min_warmup_steps=5, max_warmup_steps=10)) <= 10
+    assert _warmup_end(120, lambda ps: CompressedAdamW(ps, lr=0.01, max_warmup_steps=30)) <= 30
