@@ -57,6 +57,11 @@ def test_seconds_to_fp32s_final_loss_and_the_table():
     assert "| onebit@cm | 2.1500 | -4.45% | 0.0 | 10.0x | 3.0 | 2.5 | 25 | 4.80x |" in text
     assert "| onebit | 2.3250 | " in text and "| not reached (1 of 2 seeds) |  |  |" in text
     assert "2.2000 (seed 0), 2.3000 (seed 1)" in text
+    # A target 10% above fp32's final loss: onebit reaches seed 0's (2.42) at 6 s and seed 1's (2.53) at 4 s.
+    loose = {r["method"]: r for r in _tta.summarize([dict(r) for r in results], within=10.0)}
+    assert loose["onebit"]["reached"] == 2 and loose["onebit"]["seconds_to_target"] == pytest.approx(5.0)
+    assert _tta.markdown([dict(links[0], summary=list(loose.values()), within=10.0)], lm.Settings(), [0, 1], 4) \
+        .count("fp32 DDP's final validation loss + 10%") == 1
 
 
 def test_time_to_accuracy_needs_fp32():

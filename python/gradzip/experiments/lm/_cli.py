@@ -61,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     tta.add_argument("--exchange-steps", type=int, default=20,
                      help="with --link: steps of fp32 DDP timed with and without its exchange (0: none)")
     tta.add_argument("--exchange-only", action="store_true", help="with --link: only measure the exchange fraction")
+    tta.add_argument("--target-within", type=float, default=0.0, metavar="PCT",
+                     help="with --link: the target is fp32's final loss plus PCT%% (e.g. fp32's seed spread); "
+                          "default 0: fp32's final loss itself")
     tta.add_argument("--tuned", help="with --link: a --tune run's --json; each method trains at its best "
                                      "learning rate found there (fp32 at fp32's)")
     tta.add_argument("--launched", action="store_true",
