@@ -55,7 +55,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -243,7 +243,7 @@ class ProcessGroupGradzip(dist.ProcessGroup):
         self._states = States()
         self._comms: Dict[str, Any] = {}
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._pending: List[concurrent.futures.Future] = []
+        self._pending: List[Tuple[concurrent.futures.Future, threading.Event]] = []  # each job, its Work's completion
         self._submit = threading.Lock()  # DDP calls all_reduce from autograd's thread, barrier comes from ours
         self._streams: Dict[torch.device, Any] = {}
         self._lock = threading.Lock()  # the byte counts
@@ -476,6 +476,7 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             comm = self._comms[kind] = self._connect(kind)
         if not self._resume.settled:  # on the calling thread, in call order: the same round on every rank
             self._settle()
+        self._await_finished_jobs()  # before the identity rule asks which earlier buffers are still alive
         ef = self._states.get(t, codec)
         policy = self.policy
         work = Work([t])
@@ -484,8 +485,11 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(t.device))
         nbytes = t.numel() * t.element_size()
+        # The job takes the tensor and the Work out of `call`: once it has
+        # returned, the worker thread holds nothing of the call (_await_finished_jobs).
+        call = [t, work]
 
-        def run() -> None:
+        def run(t: torch.Tensor, work: Work) -> None:
             stats = comm.allreduce(t, codec, ef, op=op, algorithm=policy.algorithm,
                                    server_codec=policy.server_codec)
             with self._lock:  # counted before the Work completes: whoever waited sees it
@@ -496,16 +500,18 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             work._finish(None)  # on CUDA, inside the engine's stream: the future records it
 
         def job() -> None:
+            t, work = call
+            call.clear()
             try:
                 if ready is None:
-                    run()
+                    run(t, work)
                     return
                 stream = self._streams.get(t.device)
                 if stream is None:
                     stream = self._streams[t.device] = torch.cuda.Stream(t.device)
                 stream.wait_event(ready)
                 with torch.cuda.stream(stream):
-                    run()
+                    run(t, work)
                 return
             except BaseException as e:  # the Work raises it from wait(), typed (gradzip.IoError ...)
                 self._call_failed(e)
@@ -522,8 +528,8 @@ class ProcessGroupGradzip(dist.ProcessGroup):
 
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradzip-pg")
-        self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._pool.submit(job))
+        self._pending = [p for p in self._pending if not p[0].done()]
+        self._pending.append((self._pool.submit(job), work._done))
         return work
 
     def _connect(self, kind: str) -> Any:
@@ -545,8 +551,24 @@ class ProcessGroupGradzip(dist.ProcessGroup):
     def _drain(self) -> None:
         with self._submit:
             pending, self._pending = self._pending, []
-        for f in pending:
+        for f, _ in pending:
             f.result()  # jobs never raise: errors go to their Work
+
+    def _await_finished_jobs(self) -> None:
+        """Waits for the jobs whose Work has completed to return: a job
+        completes its Work last, and until it returns its thread holds the
+        call's tensor. The identity rule asks which buffers of earlier calls
+        are still alive; a buffer the program freed after its call's Work
+        completed must count as freed on every rank, not as alive on a rank
+        whose worker thread was descheduled in that moment (a loaded
+        machine). Otherwise that rank alone takes a fresh error-feedback
+        state, whose first call runs the engine's agreement round through
+        the store, while the others take the freed buffer's state and start
+        its exchange: every rank waits until the timeout (DDP's bucket
+        rebuild after its first step hung so). Under self._submit."""
+        for f, done in self._pending:
+            if done.is_set():
+                f.result()  # at most the job's last lines; jobs never raise
 
     def _close(self) -> None:
         if self._pool is not None:
