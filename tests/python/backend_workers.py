@@ -386,6 +386,10 @@ def _crafted():
     swapped["states"][0]["ef"], swapped["states"][1]["ef"] = good["states"][1]["ef"], good["states"][0]["ef"]
     no_ef = copy.deepcopy(good)
     del no_ef["states"][0]["ef"]
+    # The policy's fields as a checkpoint holds them, its rules naming fp16 instead of the group's codec.
+    other_codec = [[name, value.rsplit(": ", 1)[0] + ": fp16" if name == "rules" else value]
+                   for name, value in good["policy"]]
+    assert other_codec != [list(f) for f in good["policy"]] and "fp16" not in str(good["policy"])
     cases = {
         "stats_list": {**good, "stats": [1, 2]},
         "stats_string": {**good, "stats": {**good["stats"], "wire_bytes": "7"}},
@@ -407,6 +411,9 @@ def _crafted():
         "saved_by_out_of_range": {**good, "saved_by": {"rank": 2, "world_size": 2}},
         "saved_by_other_world": {**good, "saved_by": {"rank": 0, "world_size": 4}},
         "saved_by_string": {**good, "saved_by": "rank 0"},
+        "states_tripled": {**good, "states": copy.deepcopy(good["states"]) * 3},
+        "ef_unbound": entry(0, ef={"version": 2, "role": None}),
+        "policy_other_codec": {**good, "policy": other_codec},
     }
     before = pickle.dumps(good)
     out = {}

@@ -12,6 +12,7 @@ import pytest
 
 import backend_workers
 from dist_util import run_ranks, torchrun
+from saved_state import saved_state
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 POLICY = "codec=onebit;min_elements=1000"
@@ -128,13 +129,16 @@ def test_a_state_restored_on_some_ranks_only_fails_every_rank_alike(suite):
 @pytest.mark.parametrize("case", ["stats_list", "stats_string", "stats_bool", "codec_not_the_policys", "numel_true",
                                   "version_true", "world_size_float", "residual_3e38", "residual_nan", "ef_swapped",
                                   "states_none", "states_dict", "missing_ef", "ef_none", "not_a_dict",
-                                  "saved_by_out_of_range", "saved_by_other_world", "saved_by_string"])
+                                  "saved_by_out_of_range", "saved_by_other_world", "saved_by_string",
+                                  "states_tripled", "ef_unbound", "policy_other_codec"])
 def test_a_crafted_state_dict_is_refused_and_changes_nothing(suite, case):
     # Before (issue 32): stats_list raised AttributeError after the states
     # were replaced; stats_string, codec_not_the_policys (its residual then
     # dropped), numel_true, version_true, world_size_float, residual_3e38 and
     # ef_swapped were accepted; the states_* and *_ef cases raised TypeError,
-    # AttributeError or KeyError.
+    # AttributeError or KeyError. Issue 42: states_tripled (6 states for 2
+    # buffers, which the identity rule would hand out in turn) and ef_unbound
+    # were accepted.
     for r in suite:
         error, unchanged = r[f"crafted/{case}"]
         assert error is not None, f"{case}: accepted"
@@ -232,8 +236,20 @@ def test_identity_rule():
     assert len(states) == 2  # ... and goes at the next
     # A restored set starts orphaned and is taken over by order of first use.
     policy = Policy("onebit", min_elements=0)
-    restored = States.restored([{"device": "cpu", "dtype": "float32", "numel": 100, "codec": onebit.spec,
-                                 "ef": gradzip.ErrorFeedback().state_dict()}] * 2, policy, 0, 2)
+
+    def entry(residual):
+        data = saved_state(onebit.spec.encode(), n=100, residual=residual, world=2)
+        return {"device": "cpu", "dtype": "float32", "numel": 100, "codec": onebit.spec,
+                "ef": {"version": 2, "role": "collective", "data": data}}
+
+    restored = States.restored([entry(0.5), entry(0.25)], policy, 0, 2)
     x, y = torch.zeros(100), torch.zeros(100)
     ex, ey = restored.get(x, onebit), restored.get(y, onebit)
     assert ex is not ey and len(restored) == 2
+    assert [e.residuals()[0][0] for e in (ex, ey)] == [0.5, 0.25]
+    # Two buffers may hold equal zero residuals (unused layers, constant gradients): both kept.
+    assert len(States.restored([entry(0.0), entry(0.0)], policy, 0, 2)) == 2
+    # A state no call bound (its first call failed) holds nothing: it is not saved.
+    unbound = States()
+    unbound.get(torch.zeros(100), onebit)
+    assert len(unbound) == 1 and unbound.state_dict() == []

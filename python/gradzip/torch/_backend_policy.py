@@ -268,8 +268,11 @@ class States:
         return sum(s.ef.bytes for s in self._slots)
 
     def state_dict(self) -> List[Dict[str, Any]]:
+        """The states in order of first use. A state no call bound (its first
+        call failed) holds nothing, a fresh one is the same, and is not saved:
+        a checkpoint's every state is bound (restored() refuses an unbound one)."""
         return [{"device": s.sig[0], "dtype": s.sig[1], "numel": s.sig[2], "codec": s.sig[3],
-                 "ef": s.ef.state_dict()} for s in self._slots]
+                 "ef": s.ef.state_dict()} for s in self._slots if s.ef.bound]
 
     @classmethod
     def restored(cls, entries: Any, policy: Policy, rank: int, size: int) -> "States":
@@ -278,13 +281,21 @@ class States:
         `policy` compresses (else its residual could never be used), and error
         feedback bound to that codec and size on this rank of `size` (the C++
         restore checks its bytes: checksum, limits, finite and bounded
-        residuals). Raises InvalidArgument naming the entry; nothing is kept."""
+        residuals; an unbound one is no saved state), and no state listed
+        twice: an entry whose signature and residuals equal an earlier one's,
+        non-zero, is one buffer's state repeated (two buffers never carry the
+        same non-zero residuals bit for bit), and the identity rule would
+        hand the copies to that buffer in turn, one per call. Raises
+        InvalidArgument naming the entry; nothing is kept."""
+        import hashlib
+
         from .. import ErrorFeedback
 
         if not isinstance(entries, (list, tuple)):
             raise InvalidArgument(f"gradzip backend state_dict: 'states' must be a list, got "
                                   f"{type(entries).__name__}")
         states = cls()
+        seen: Dict[Any, int] = {}  # (signature, digest of non-zero residuals) -> the entry that had them
         for i, e in enumerate(entries):
             def bad(why: str) -> InvalidArgument:
                 return InvalidArgument(f"gradzip backend state_dict: state {i}: {why}")
@@ -307,9 +318,22 @@ class States:
             layout = ef.layout
             if ef.role not in (None, "collective"):
                 raise bad(f"ef holds a {ef.role!r} state, not a collective one")
-            if layout is not None and (layout["codec"] != spec or layout["n"] != numel or layout["rank"] != rank
-                                       or layout["world_size"] != size):
+            if layout is None:
+                raise bad("ef is an unbound state (role None, no residuals): a saved state holds the residuals of the "
+                          "compressed call that bound it")
+            if (layout["codec"] != spec or layout["n"] != numel or layout["rank"] != rank
+                    or layout["world_size"] != size):
                 raise bad(f"ef is bound to {layout['codec']} x {layout['n']} on rank {layout['rank']} of "
                           f"{layout['world_size']}, not to {spec} x {numel} on rank {rank} of {size}")
-            states._slots.append(_Slot((device, dtype, numel, spec), ef))
+            sig: Signature = (device, dtype, numel, spec)
+            worker, server = ef.residuals()
+            if worker.any() or server.any():
+                h = hashlib.sha256(worker)
+                h.update(server)
+                digest = h.digest()
+                first = seen.setdefault((sig, layout["algorithm"], len(worker), digest), i)
+                if first != i:
+                    raise bad(f"ef repeats state {first}'s residuals ({spec} x {numel}): one buffer's state "
+                              f"listed twice (a checkpoint holds each buffer's state once)")
+            states._slots.append(_Slot(sig, ef))
         return states

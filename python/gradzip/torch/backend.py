@@ -379,7 +379,7 @@ class ProcessGroupGradzip(dist.ProcessGroup):
             raise refuse(f"version {version!r}; this release reads version {_STATE_VERSION}")
         saved = [tuple(f) for f in policy] if isinstance(policy, (list, tuple)) and all(
             isinstance(f, (list, tuple)) for f in policy) else policy
-        if saved != self.policy.fields():
+        if not isinstance(saved, list) or saved != self.policy.fields():  # (a list first: numpy's != is no bool)
             raise refuse(f"saved under another policy: {saved!r} (this group: {self.policy.fields()})")
         if type(world) is not int or world < 1:
             raise refuse(f"world_size must be an integer >= 1, got {world!r}")
