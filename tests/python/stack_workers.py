@@ -1,8 +1,17 @@
-"""One rank of a training run inside a real stack (transformers Trainer,
+"""One rank of training runs inside a real stack (transformers Trainer,
 Accelerate, Lightning), with gradzip installed through its integration;
 run under torchrun by test_stacks.py.
 
-    stack_workers.py STACK ENTRY MODE FOLDER
+    stack_workers.py STACK ENTRY MODE FOLDER [ENTRY MODE FOLDER ...]
+
+Each (ENTRY, MODE, FOLDER) is a job of its own, run one after the other in
+the same two ranks (one torchrun launch: importing a stack on both ranks
+costs more than its 8 steps): its own process group (made by the stack, or
+by the job for the backend), destroyed at its end, the stack's process-wide
+state (Accelerate's) reset, and the rank's stdout and stderr in a file of
+the job's own, FOLDER/MODE-rank<r>.out. A job never reads what an earlier
+one left in memory: test_stacks.py resumes in another launch than the one
+that trained.
 
 STACK: trainer | accelerate | lightning. ENTRY: hook | adamw | backend (| backend_rebuild:
 Accelerate with DDP's default find_unused_parameters=False).
@@ -13,7 +22,8 @@ checkpoint only); ``top1`` (Lightning) is ``full`` keeping only the latest
 checkpoint and last.ckpt; ``broken`` resumes after rank 1's gradzip file was
 overwritten with garbage. Every rank writes one line to FOLDER/MODE-rank<r>.txt:
 ``RESULT rank=<r> digest=<sha256 of its parameters> gz=<what gradzip saw>``, or
-``ERROR rank=<r> <exception>``.
+``ERROR rank=<r> <exception>``. The launch exits 1 when a job raised, but for
+``broken`` ones (whose error the test reads).
 """
 
 from __future__ import annotations
@@ -225,10 +235,8 @@ def lightning(entry: str, mode: str, folder: str) -> str:
     return f"digest={digest(module.parameters())} gz={what}"
 
 
-def main() -> None:
-    stack, entry, mode, folder = sys.argv[1:5]
-    torch.set_num_threads(1)
-    warnings.simplefilter("always", RuntimeWarning)
+def job(stack: str, entry: str, mode: str, folder: str, launch: "Launch", i: int) -> bool:
+    """Runs one job on this rank; whether it succeeded."""
     rank = os.environ.get("RANK")
 
     def report(line: str) -> None:  # a file per rank: the ranks' stdout lines interleave
@@ -239,15 +247,84 @@ def main() -> None:
     try:
         line = {"trainer": trainer, "accelerate": accelerate, "lightning": lightning}[stack](entry, mode, folder)
         report(f"RESULT rank={rank} {line}")
+        return True
     except Exception as e:  # the test reads every rank's error
-        report(f"ERROR rank={rank} {type(e).__name__}: {e}")
-        raise
-    finally:
-        if dist.is_initialized():
-            import gc
+        import traceback
 
-            gc.collect()
+        traceback.print_exc()
+        report(f"ERROR rank={rank} {type(e).__name__}: {e}")
+        return False
+    finally:
+        import gc
+
+        gc.collect()
+        launch.end(i)
+        if dist.is_initialized():
             dist.destroy_process_group()
+        if stack != "lightning":  # Accelerate's process-wide state (Trainer runs on it): the next job starts anew
+            from accelerate.state import AcceleratorState, GradientState
+
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+
+
+class Launch:
+    """What the jobs of one launch share: torchrun's store, through which
+    each job gets a store of its own (a new job's: no key of an earlier
+    job's process group is left in it), hosted by rank 0 on a free port."""
+
+    def __init__(self) -> None:
+        import datetime
+
+        self.rank = int(os.environ["RANK"])
+        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                   timeout=datetime.timedelta(seconds=120))
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # rank 0 hosts each job's store
+
+    def begin(self, i: int) -> None:
+        import socket
+
+        key = f"stack_workers/{i}/port"
+        if self.rank == 0:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                self.store.set(key, str(sock.getsockname()[1]))
+        os.environ["MASTER_PORT"] = self.store.get(key).decode()
+
+    def end(self, i: int) -> None:
+        """Both ranks are done with job i (before rank 0 closes its store)."""
+        import time
+
+        key = f"stack_workers/{i}/done"
+        self.store.add(key, 1)
+        while self.store.add(key, 0) < 2:
+            time.sleep(0.01)
+
+
+def main() -> None:
+    stack, jobs = sys.argv[1], sys.argv[2:]
+    if not jobs or len(jobs) % 3:
+        raise SystemExit(__doc__)
+    torch.set_num_threads(1)
+    warnings.simplefilter("always", RuntimeWarning)
+    launch = Launch()
+    ok = True
+    saved = os.dup(1), os.dup(2)
+    for i in range(0, len(jobs), 3):
+        entry, mode, folder = jobs[i:i + 3]
+        launch.begin(i)
+        sys.stdout.flush(), sys.stderr.flush()
+        with open(os.path.join(folder, f"{mode}-rank{launch.rank}.out"), "w") as out:  # this job's output alone
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+            try:
+                if not job(stack, entry, mode, folder, launch, i) and mode != "broken":
+                    ok = False
+            finally:
+                sys.stdout.flush(), sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
