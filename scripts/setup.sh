@@ -69,8 +69,18 @@ gz_build() {
 # The venv does not see the interpreter's packages: a torch installed on this
 # machine by hand must not make the tests pass where a fresh machine fails.
 # Exports GZ_PYTHON. Then gz_python builds and installs gradzip's wheel.
+# gz_python_env is gz_python_base (the environment, and what configuring
+# and building need: pytest, matplotlib, nanobind, scikit-build-core, numpy)
+# then gz_python_packages (torch and the rest; test.sh runs it beside the
+# C++ build, which needs none of it: the download does not wait for the
+# compiler, nor the compiler for the download).
 #   GZ_BASE_PYTHON  interpreter to start from (default: python3)
 gz_python_env() {
+  gz_python_base
+  gz_python_packages
+}
+
+gz_python_base() {
   local base="${GZ_BASE_PYTHON:-python3}" venv="$GZ_BUILD_DIR/venv"
   if ! "$base" -c 'import ensurepip, os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' \
        2>/dev/null; then  # Debian's python3 ships venv and the headers separately
@@ -97,16 +107,26 @@ gz_python_env() {
     gz_log "upgrading pip in $GZ_PYTHON's environment (23.1 or later)"
     "$GZ_PYTHON" -m pip install -q --upgrade "pip>=23.1"
   fi
+  _gz_pip_missing numpy:numpy pytest:pytest "scikit_build_core:scikit-build-core>=0.10" "nanobind:nanobind>=2.2" \
+                  matplotlib:matplotlib
+}
+
+gz_python_packages() {
+  [[ -n "${GZ_PYTHON:-}" ]] || gz_python_base
   # torch only when it does not import: its wheel is large.
   if ! "$GZ_PYTHON" -c "import torch" 2>/dev/null; then
     gz_log "installing torch (PyPI)"
     "$GZ_PYTHON" -m pip install -q torch
   fi
+  # torchft: gradzip.integrations.torchft, tested with 0.2.0 (needs torch >= 2.7)
+  _gz_pip_missing sklearn:scikit-learn transformers:transformers accelerate:accelerate lightning:lightning \
+                  torchft:torchft==0.2.0
+}
+
+# Installs each MODULE:REQUIREMENT whose module does not import, in one pip call.
+_gz_pip_missing() {
   local need=() mod
-  for mod in numpy:numpy sklearn:scikit-learn pytest:pytest "scikit_build_core:scikit-build-core>=0.10" \
-             "nanobind:nanobind>=2.2" matplotlib:matplotlib \
-             transformers:transformers accelerate:accelerate lightning:lightning \
-             torchft:torchft==0.2.0; do  # torchft: gradzip.integrations.torchft, tested with 0.2.0 (needs torch >= 2.7)
+  for mod in "$@"; do
     "$GZ_PYTHON" -c "import ${mod%%:*}" 2>/dev/null || need+=("${mod#*:}")
   done
   if ((${#need[@]})); then

@@ -7,8 +7,23 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 export GZ_WERROR=ON
 gz_apt_deps
-gz_python_env  # first: the cluster tests that ctest runs use its python3
+gz_python_base  # first: the build's configure finds its python3, which the cluster tests that ctest runs use
+# torch and the other packages download and install beside the C++ build
+# (which needs none of them), into the same environment, logged apart.
+pip_log="$(mktemp)"
+gz_python_packages >"$pip_log" 2>&1 &
+pip_job=$!
+# Should the build fail, pip still ends before this script does (a rerun
+# must not meet it installing into the same environment).
+trap 'wait "$pip_job" 2>/dev/null || true' EXIT
 gz_build
+gz_log "waiting for the Python packages (installed beside the build)"
+pip_ok=0
+wait "$pip_job" || pip_ok=$?
+trap - EXIT
+cat "$pip_log"
+rm -f "$pip_log"
+((pip_ok == 0)) || { echo "installing the Python packages failed (status $pip_ok)" >&2; exit "$pip_ok"; }
 # The Python package before ctest: the cluster tests import it, and an older
 # install left in the venv would be tested instead of this tree's.
 gz_python
@@ -22,17 +37,37 @@ fi
 gz_log "ctest"
 ctest --test-dir "$GZ_BUILD_DIR" --output-on-failure -j "$GZ_JOBS" --timeout 600
 
+# The fuzzers' build (clang with sanitizers; CPU only, nothing timed) runs
+# beside pytest at the lowest priority: it gets the CPU time pytest leaves
+# idle (ranks waiting out timeouts, interpreters starting), not pytest's.
+fuzz_build() {
+  CXX=clang++ cmake -S "$GZ_ROOT" -B "$GZ_ROOT/build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGRADZIP_FUZZ=ON -DGRADZIP_CUDA=OFF -DGRADZIP_UCX=OFF -DGRADZIP_BUILD_BENCH=OFF -DGRADZIP_BUILD_TOOLS=OFF \
+    -DGRADZIP_WERROR=ON >/dev/null
+  # Only what the fuzz tests run (not the examples), and the fuzzers side by side.
+  cmake --build "$GZ_ROOT/build-fuzz" -j "$GZ_JOBS" --target gradzip-decode-fuzzer gradzip-fuzz-seeds \
+    gradzip-rendezvous-fuzzer gradzip-state-fuzzer gradzip-rendezvous-seeds
+}
+gz_log "building the fuzzers (libFuzzer, ASan, UBSan) beside pytest, at nice 19"
+fuzz_log="$(mktemp)"
+(renice -n 19 -p "$BASHPID" >/dev/null && fuzz_build) >"$fuzz_log" 2>&1 &
+fuzz_job=$!
+trap 'wait "$fuzz_job" 2>/dev/null || true' EXIT  # as pip's above
+
 # pytest (its "no tests collected" exit, 5, fails here too).
 gz_log "pytest (tests/python)"
 (cd "$GZ_ROOT" && timeout 1800 "$GZ_PYTHON" -m pytest tests/python -q)
 
 gz_log "fuzzing the decoders (libFuzzer, ASan, UBSan)"
-CXX=clang++ cmake -S "$GZ_ROOT" -B "$GZ_ROOT/build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DGRADZIP_FUZZ=ON -DGRADZIP_CUDA=OFF -DGRADZIP_UCX=OFF -DGRADZIP_BUILD_BENCH=OFF -DGRADZIP_BUILD_TOOLS=OFF \
-  -DGRADZIP_WERROR=ON >/dev/null
-# Only what the fuzz tests run (not the examples), and the fuzzers side by side.
-cmake --build "$GZ_ROOT/build-fuzz" -j "$GZ_JOBS" --target gradzip-decode-fuzzer gradzip-fuzz-seeds \
-  gradzip-rendezvous-fuzzer gradzip-state-fuzzer gradzip-rendezvous-seeds
+fuzz_ok=0
+wait "$fuzz_job" || fuzz_ok=$?
+trap - EXIT
+if ((fuzz_ok != 0)); then
+  cat "$fuzz_log"
+  echo "building the fuzzers failed (status $fuzz_ok)" >&2
+  exit "$fuzz_ok"
+fi
+rm -f "$fuzz_log"
 ctest --test-dir "$GZ_ROOT/build-fuzz" --output-on-failure -j "$GZ_JOBS"
 
 gz_log "all tests passed"
