@@ -168,10 +168,18 @@ void AutoChoice::share_hosts(Store& store, Transport* transport, int rank, int s
   // (topology and shared node links included) is the transport's own (TCP's
   // kernel work on the emulated cluster's 10 Gbit/s links: far above the
   // link's time). One size under the bucket read as no cost at all.
+  // The sizes follow the link: the larger one adds about 80 ms of the link's
+  // time (3 MiB per peer from 1 Gbit/s at 4 ranks on, never under 256 KiB).
+  // Fixed sizes of 1 and 4 MiB sent 61 MiB per rank over the probe: 20 s of
+  // a 50 Mbit/s link before the first step, a fifth of a run there.
   {
     const auto peers = static_cast<std::size_t>(size - 1);
-    const std::size_t small = static_cast<std::size_t>(link_.burst_bytes) + (std::size_t{1} << 20);
-    const std::size_t large = small + (std::size_t{3} << 20);
+    const int remote_peers = std::max(1, size - std::max(1, per_node));
+    const double for_80ms = 0.08 * link_.bits_per_s / 8.0 / remote_peers;
+    const std::size_t step =
+        std::clamp(static_cast<std::size_t>(for_80ms), std::size_t{256} << 10, std::size_t{3} << 20);
+    const std::size_t small = static_cast<std::size_t>(link_.burst_bytes) + step / 3;
+    const std::size_t large = small + step;
     std::vector<std::byte> out(large, std::byte{1}), in(large * peers);
     std::vector<std::size_t> got(peers);
     // Rank 0's median of 3 timed exchanges of `bytes` to every peer in
