@@ -56,7 +56,7 @@ trap 'wait "$fuzz_job" 2>/dev/null || true' EXIT  # as pip's above
 
 # pytest (its "no tests collected" exit, 5, fails here too).
 gz_log "pytest (tests/python)"
-(cd "$GZ_ROOT" && timeout 1800 "$GZ_PYTHON" -m pytest tests/python -q)
+(cd "$GZ_ROOT" && timeout 1800 "$GZ_PYTHON" -m pytest tests/python -q --durations=25)
 
 gz_log "fuzzing the decoders (libFuzzer, ASan, UBSan)"
 fuzz_ok=0
