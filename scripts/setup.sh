@@ -107,7 +107,7 @@ gz_python_base() {
     gz_log "upgrading pip in $GZ_PYTHON's environment (23.1 or later)"
     "$GZ_PYTHON" -m pip install -q --upgrade "pip>=23.1"
   fi
-  _gz_pip_missing numpy:numpy pytest:pytest "scikit_build_core:scikit-build-core>=0.10" "nanobind:nanobind>=2.2" \
+  _gz_pip_missing numpy:numpy pytest:pytest xdist:pytest-xdist "scikit_build_core:scikit-build-core>=0.10" "nanobind:nanobind>=2.2" \
                   matplotlib:matplotlib
 }
 

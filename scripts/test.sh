@@ -54,9 +54,14 @@ fuzz_log="$(mktemp)"
 fuzz_job=$!
 trap 'wait "$fuzz_job" 2>/dev/null || true' EXIT  # as pip's above
 
-# pytest (its "no tests collected" exit, 5, fails here too).
-gz_log "pytest (tests/python)"
-(cd "$GZ_ROOT" && timeout 1800 "$GZ_PYTHON" -m pytest tests/python -q --durations=25)
+# pytest (its "no tests collected" exit, 5, fails here too), a file per
+# worker at a time (pytest-xdist): a module's fixtures (a stack's launches,
+# the digits runs) are made once. Two workers even on 2 cores: a
+# multi-rank test spends much of its time waiting (interpreters starting,
+# ranks waiting out a timeout on purpose), which the other worker fills.
+workers="${GZ_PYTEST_WORKERS:-$((GZ_JOBS < 2 ? 2 : GZ_JOBS > 4 ? 4 : GZ_JOBS))}"
+gz_log "pytest (tests/python, $workers workers)"
+(cd "$GZ_ROOT" && timeout 1800 "$GZ_PYTHON" -m pytest tests/python -q -n "$workers" --dist loadfile --durations=25)
 
 gz_log "fuzzing the decoders (libFuzzer, ASan, UBSan)"
 fuzz_ok=0
