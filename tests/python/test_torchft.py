@@ -176,11 +176,12 @@ def test_the_lm_experiment_runs_torchft_diloco_uncompressed_and_through_gradzip(
 
     tiny = lm.Settings(steps=8, batch_per_rank=2, context=16, width=16, layers=1, heads=2, lr_warmup=2, eval_every=4,
                        eval_sequences=4)
-    methods = ["fp32@diloco:h=4", "qsgd:bits=2@diloco:h=4"]
+    methods = ["fp32@diloco:h=4", "qsgd:bits=2@diloco:h=4,mom=0"]  # mom=0: plain averaging outside
     by = {r["method"]: r for r in lm.run(methods, ranks=2, settings=tiny, timeout=240)}
     for r in by.values():
         assert r["extra"]["identical_on_all_ranks"] and r["extra"]["syncs"] == 2, r
         assert 1.0 < r["val_loss"] < 6.0
     fp32 = by["fp32@diloco:h=4"]
     assert fp32["wire_bytes"] == fp32["fp32_wire_bytes"] / 4  # DDP's ring every step, DiLoCo's every 4th
-    assert fp32["fp32_wire_bytes"] / by["qsgd:bits=2@diloco:h=4"]["wire_bytes"] > 4 * 8  # and 2-bit: >8x fewer again
+    assert fp32["fp32_wire_bytes"] / by["qsgd:bits=2@diloco:h=4,mom=0"]["wire_bytes"] > 4 * 8  # and 2-bit: >8x fewer again
+    assert fp32["extra"]["outer_momentum"] == 0.9 and by["qsgd:bits=2@diloco:h=4,mom=0"]["extra"]["outer_momentum"] == 0

@@ -9,7 +9,8 @@ of one rank with a Manager of its own; rank 0 runs the lighthouse.
 
 h: local steps per sync (default 50; must divide the run's steps, so that
 the final model is the synced one); outer, mom: the outer SGD's learning
-rate and Nesterov momentum (DiLoCo's 0.7 and 0.9); min: the policy's
+rate and Nesterov momentum (DiLoCo's 0.7 and 0.9; mom=0 is plain SGD on
+the averaged delta, no Nesterov); min: the policy's
 min_elements (default 0: every tensor of the delta compressed, so the wire
 bytes are the group's own count). The inner AdamW's learning rate is the
 run's (--lr, tuned by --tune like every method's).
@@ -75,8 +76,10 @@ def setup(method: str, net: Any, settings: Any) -> Any:
                       hostname=host)
     if isinstance(pg, ProcessGroupGradzip):
         pg.attach(manager)
-    outer = torch.optim.SGD(net.parameters(), lr=float(opts.get("outer", 0.7)), momentum=float(opts.get("mom", 0.9)),
-                            nesterov=True)
+    momentum = float(opts.get("mom", 0.9))
+    # mom=0 is plain averaging (torch refuses Nesterov without a momentum).
+    outer = torch.optim.SGD(net.parameters(), lr=float(opts.get("outer", 0.7)), momentum=momentum,
+                            nesterov=momentum > 0)
     diloco = DiLoCo(manager, [net], inner, outer, sync_every=h)
     diloco.__enter__()
     dense = 4.0 * sum(q.numel() for q in net.parameters())
