@@ -7,23 +7,29 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 export GZ_WERROR=ON
 gz_apt_deps
+# Should this script stop early, its background jobs still end before it
+# does (a rerun must not meet pip installing into the same environment).
+trap 'wait || true' EXIT
+
+# Waits for the background job PID, logged to LOG, and fails this script
+# as it failed. The log is shown on failure, and always with "always".
+finish_job() {
+  local pid=$1 log=$2 what=$3 show=${4:-} ok=0
+  wait "$pid" || ok=$?
+  if [[ $show == always || $ok != 0 ]]; then cat "$log"; fi
+  rm -f "$log"
+  ((ok == 0)) || { echo "$what failed (status $ok)" >&2; exit "$ok"; }
+}
+
 gz_python_base  # first: the build's configure finds its python3, which the cluster tests that ctest runs use
 # torch and the other packages download and install beside the C++ build
 # (which needs none of them), into the same environment, logged apart.
 pip_log="$(mktemp)"
 gz_python_packages >"$pip_log" 2>&1 &
 pip_job=$!
-# Should the build fail, pip still ends before this script does (a rerun
-# must not meet it installing into the same environment).
-trap 'wait "$pip_job" 2>/dev/null || true' EXIT
 gz_build
 gz_log "waiting for the Python packages (installed beside the build)"
-pip_ok=0
-wait "$pip_job" || pip_ok=$?
-trap - EXIT
-cat "$pip_log"
-rm -f "$pip_log"
-((pip_ok == 0)) || { echo "installing the Python packages failed (status $pip_ok)" >&2; exit "$pip_ok"; }
+finish_job "$pip_job" "$pip_log" "installing the Python packages" always
 # The Python package before ctest: the cluster tests import it, and an older
 # install left in the venv would be tested instead of this tree's.
 gz_python
@@ -52,27 +58,18 @@ gz_log "building the fuzzers (libFuzzer, ASan, UBSan) beside pytest, at nice 19"
 fuzz_log="$(mktemp)"
 (renice -n 19 -p "$BASHPID" >/dev/null && fuzz_build) >"$fuzz_log" 2>&1 &
 fuzz_job=$!
-trap 'wait "$fuzz_job" 2>/dev/null || true' EXIT  # as pip's above
 
 # pytest (its "no tests collected" exit, 5, fails here too), a file per
 # worker at a time (pytest-xdist): a module's fixtures (a stack's launches,
-# the digits runs) are made once. Two workers even on 2 cores: a
-# multi-rank test spends much of its time waiting (interpreters starting,
-# ranks waiting out a timeout on purpose), which the other worker fills.
+# the digits runs) are made once. Two workers even on 2 cores fill part
+# of the time multi-rank tests wait (interpreters starting, ranks waiting
+# out a timeout on purpose): 599 s serial, 528 s so (BENCHMARKS.md 12).
 workers="${GZ_PYTEST_WORKERS:-$((GZ_JOBS < 2 ? 2 : GZ_JOBS > 4 ? 4 : GZ_JOBS))}"
 gz_log "pytest (tests/python, $workers workers)"
 (cd "$GZ_ROOT" && timeout 1800 "$GZ_PYTHON" -m pytest tests/python -q -n "$workers" --dist loadfile --durations=25)
 
 gz_log "fuzzing the decoders (libFuzzer, ASan, UBSan)"
-fuzz_ok=0
-wait "$fuzz_job" || fuzz_ok=$?
-trap - EXIT
-if ((fuzz_ok != 0)); then
-  cat "$fuzz_log"
-  echo "building the fuzzers failed (status $fuzz_ok)" >&2
-  exit "$fuzz_ok"
-fi
-rm -f "$fuzz_log"
+finish_job "$fuzz_job" "$fuzz_log" "building the fuzzers"
 ctest --test-dir "$GZ_ROOT/build-fuzz" --output-on-failure -j "$GZ_JOBS"
 
 gz_log "all tests passed"
