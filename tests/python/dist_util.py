@@ -5,9 +5,9 @@ function's return values come back to the test, its exceptions come back as a
 failure naming the rank. A rank that hangs or dies fails the test within the
 timeout and every rank is killed: a test never hangs CI.
 
-Ranks are forked from a forkserver that imported torch once (rank_context):
-a spawned rank spent about 2 s of CPU importing torch, and the suite starts
-dozens. Each rank still starts from a process that has run nothing but
+Ranks are forked from a forkserver that imported torch, torch._dynamo and
+gradzip once (rank_context): a spawned rank spent about 3 s of CPU importing
+them, and the suite starts hundreds. Each rank still starts from a process that has run nothing but
 imports, and gets the test's environment as it is at run_ranks (a forkserver
 child would otherwise inherit the server's, from when it started).
 """
@@ -32,16 +32,24 @@ def free_port() -> int:
 
 
 def rank_context() -> Any:
-    """The multiprocessing context ranks start from: a forkserver with torch
-    (and its distributed package) imported. Pass os.environ to the rank and
-    restore it there (_entry does)."""
+    """The multiprocessing context ranks start from: a forkserver with torch,
+    its distributed package, torch._dynamo (DDP's constructor imports it, with
+    sympy: about 1 s of CPU) and gradzip imported. Pass os.environ to the rank
+    and restore it there (_entry does): gradzip reads its settings from the
+    environment when used, not at import. A module that fails to import is
+    skipped (multiprocessing's rule): the ranks then import it themselves."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.nn", "numpy"])
+    ctx.set_forkserver_preload(["numpy", "torch", "torch.distributed", "torch.nn", "torch._dynamo", "gradzip.torch"])
     return ctx
 
 
 def _entry(fn: Callable, rank: int, world_size: int, port: int, results: Any, args: tuple,
            environ: Any = None, backend: str = "gloo", env: Optional[dict] = None) -> None:
+    # What the forkserver imported is never garbage: kept out of this rank's
+    # collections (gc.collect below, the hook's walk of the heap for the
+    # optimizer), which otherwise scan its million objects each time. A
+    # splice of lists, so no page of the inherited heap is touched.
+    gc.freeze()
     if environ is not None:  # the test's environment, not the forkserver's
         os.environ.clear()
         os.environ.update(environ)

@@ -78,8 +78,14 @@ def test_a_replica_killed_mid_allreduce_restarts_heals_and_all_end_bit_identical
         # a survivor's own residuals are what they were, across every quorum change
         carried = [t["carried"] for t in r["steps"] if "carried" in t]
         assert len(carried) >= 2 and all(carried), r["steps"]
-    # the group-dependent residuals (scatter_reduce's chunk) restarted alike on both
-    assert res["0"]["stats"]["regrouped"] == res["1"]["stats"]["regrouped"] >= 2
+    # the group-dependent residuals (scatter_reduce's chunk) restarted alike on
+    # both, at least once (the kill changed the members), at most once per new
+    # quorum. Twice when a quorum of two formed before the restarted replica
+    # joined; once when it joined the first quorum after the kill (healing,
+    # so not yet a participant): which one is a race of process start-up.
+    regrouped = res["0"]["stats"]["regrouped"]
+    assert res["1"]["stats"]["regrouped"] == regrouped >= 1
+    assert regrouped <= len({s["quorum"] for s in res["0"]["steps"]}) - 1, res["0"]["steps"]
 
     # The restarted replica healed from a peer, said so once, and rejoined.
     restarted = res["2-restarted"]
