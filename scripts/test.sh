@@ -40,12 +40,10 @@ if [[ -x "$GZ_BUILD_DIR/bin/gradzip-gpu-tests" ]] &&
   gz_log "preparing .gpu/ for the GPU check's dry run"
   "$GZ_ROOT/scripts/gpu-check.sh" --prepare
 fi
-gz_log "ctest"
-ctest --test-dir "$GZ_BUILD_DIR" --output-on-failure -j "$GZ_JOBS" --timeout 600
-
 # The fuzzers' build (clang with sanitizers; CPU only, nothing timed) runs
-# beside pytest at the lowest priority: it gets the CPU time pytest leaves
-# idle (ranks waiting out timeouts, interpreters starting), not pytest's.
+# beside ctest and pytest at the lowest priority: it gets the CPU time they
+# leave idle (ctest's multi-process tests wait out timeouts on purpose: it
+# keeps about 1.1 of 2 cores busy), not theirs.
 fuzz_build() {
   CXX=clang++ cmake -S "$GZ_ROOT" -B "$GZ_ROOT/build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADZIP_FUZZ=ON -DGRADZIP_CUDA=OFF -DGRADZIP_UCX=OFF -DGRADZIP_BUILD_BENCH=OFF -DGRADZIP_BUILD_TOOLS=OFF \
@@ -54,10 +52,13 @@ fuzz_build() {
   cmake --build "$GZ_ROOT/build-fuzz" -j "$GZ_JOBS" --target gradzip-decode-fuzzer gradzip-fuzz-seeds \
     gradzip-rendezvous-fuzzer gradzip-state-fuzzer gradzip-rendezvous-seeds
 }
-gz_log "building the fuzzers (libFuzzer, ASan, UBSan) beside pytest, at nice 19"
+gz_log "building the fuzzers (libFuzzer, ASan, UBSan) beside ctest and pytest, at nice 19"
 fuzz_log="$(mktemp)"
 (renice -n 19 -p "$BASHPID" >/dev/null && fuzz_build) >"$fuzz_log" 2>&1 &
 fuzz_job=$!
+
+gz_log "ctest"
+ctest --test-dir "$GZ_BUILD_DIR" --output-on-failure -j "$GZ_JOBS" --timeout 600
 
 # pytest (its "no tests collected" exit, 5, fails here too), a file per
 # worker at a time (pytest-xdist): a module's fixtures (a stack's launches,
