@@ -64,7 +64,7 @@ ctest --test-dir "$GZ_BUILD_DIR" --output-on-failure -j "$GZ_JOBS" --timeout 600
 # worker at a time (pytest-xdist): a module's fixtures (a stack's launches,
 # the digits runs) are made once. Two workers even on 2 cores fill part
 # of the time multi-rank tests wait (interpreters starting, ranks waiting
-# out a timeout on purpose): 599 s serial, 528 s so (BENCHMARKS.md 12).
+# out a timeout on purpose): 408 s serial, 303 s so (BENCHMARKS.md 12).
 workers="${GZ_PYTEST_WORKERS:-$((GZ_JOBS < 2 ? 2 : GZ_JOBS > 4 ? 4 : GZ_JOBS))}"
 gz_log "pytest (tests/python, $workers workers)"
 (cd "$GZ_ROOT" && timeout 1800 "$GZ_PYTHON" -m pytest tests/python -q -n "$workers" --dist loadfile --durations=25)
