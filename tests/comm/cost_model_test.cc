@@ -357,9 +357,8 @@ TEST(RatesCache, IgnoresAForeignOrDamagedFileWithAWarning) {
   EXPECT_NE(warning.find("not a regular file"), std::string::npos) << warning;
 }
 
-// Communicators over threads, with a link: auto's choice on every rank.
-// What each of P ranks ran for `spec` under auto; with `inputs`, also rank
-// 0's cost-model inputs (what it measured and read) for that call.
+// Communicators over threads, with a link: auto's choice on every rank; with
+// `inputs`, also rank 0's cost-model inputs (what it measured and read).
 std::vector<Algorithm> choices(int P, const std::string& link, const char* spec, std::size_t n,
                                std::optional<Topology> topo = std::nullopt,
                                std::optional<CostInputs>* inputs = nullptr) {

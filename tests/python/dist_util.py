@@ -7,9 +7,10 @@ timeout and every rank is killed: a test never hangs CI.
 
 Ranks are forked from a forkserver that imported torch, torch._dynamo and
 gradzip once (rank_context): a spawned rank spent about 3 s of CPU importing
-them, and the suite starts hundreds. Each rank still starts from a process that has run nothing but
-imports, and gets the test's environment as it is at run_ranks (a forkserver
-child would otherwise inherit the server's, from when it started).
+them, and the suite starts hundreds. Each rank still starts from a process
+that has run nothing but imports, and gets the test's environment as it is
+at run_ranks (a forkserver child would otherwise inherit the server's, from
+when it started).
 """
 
 from __future__ import annotations
